@@ -1,0 +1,503 @@
+//! `tern-bench`: Tern's transfer benchmark, with the flags of Mooncake's
+//! `transfer_engine_bench`, plus `--verify`, `--json` and `--mode loopback` (which starts a
+//! target process itself, runs the initiator against it, and reports).
+//!
+//! It must not contain transfer logic of its own: everything goes through `tern-engine`.
+#![forbid(unsafe_code)]
+
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use tern_engine::{BatchState, OwnedBuffer, SegmentId, TransferEngine, TransferRequest};
+use tern_transport_tcp::{TcpConfig, TcpTransport};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Initiator,
+    Target,
+    Loopback,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Operation {
+    Read,
+    Write,
+}
+
+/// Moves blocks between two Tern nodes as fast as it can and reports throughput and latency.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "tern-bench", version)]
+struct Args {
+    /// initiator, target, or loopback (both, on 127.0.0.1).
+    #[arg(long, value_enum, default_value = "initiator")]
+    mode: Mode,
+    /// read (remote → local) or write (local → remote).
+    #[arg(long, value_enum, default_value = "read")]
+    operation: Operation,
+    /// Transport protocol.
+    #[arg(long, default_value = "tcp")]
+    protocol: String,
+    /// Metadata connection string.
+    #[arg(long = "metadata_server", default_value = "P2PHANDSHAKE")]
+    metadata_server: String,
+    /// This node's server name (P2P: its address).
+    #[arg(long = "local_server_name")]
+    local_server_name: Option<String>,
+    /// The target's segment name (P2P: the `ip:port` the target printed).
+    #[arg(long = "segment_id")]
+    segment_id: Option<String>,
+    /// Bytes per buffer on each side.
+    #[arg(long = "buffer_size", default_value_t = 1 << 30)]
+    buffer_size: usize,
+    /// Requests per batch.
+    #[arg(long = "batch_size", default_value_t = 128)]
+    batch_size: usize,
+    /// Bytes per request.
+    #[arg(long = "block_size", default_value_t = 65536)]
+    block_size: usize,
+    /// Submitting threads.
+    #[arg(long, default_value_t = 12)]
+    threads: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Unit of the reported throughput: GB, GiB, Gb, MB, MiB, Mb, KB, KiB, Kb.
+    #[arg(long = "report_unit", default_value = "GB")]
+    report_unit: String,
+    /// Digits after the decimal point in the report.
+    #[arg(long = "report_precision", default_value_t = 2)]
+    report_precision: usize,
+    /// Check every block's content after it moves.
+    #[arg(long)]
+    verify: bool,
+    /// Print one JSON object with the results on stdout.
+    #[arg(long)]
+    json: bool,
+    /// TCP connections per peer.
+    #[arg(long = "tcp_connections")]
+    tcp_connections: Option<usize>,
+    /// Largest TCP slice in bytes.
+    #[arg(long = "tcp_slice_size")]
+    tcp_slice_size: Option<usize>,
+}
+
+fn main() -> ExitCode {
+    let filter = match std::env::var("RUST_LOG").as_deref() {
+        Ok("trace") => tracing::Level::TRACE,
+        Ok("debug") => tracing::Level::DEBUG,
+        Ok("info") => tracing::Level::INFO,
+        Ok("error") => tracing::Level::ERROR,
+        _ => tracing::Level::WARN,
+    };
+    tracing_subscriber::fmt()
+        .with_max_level(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("tern-bench: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    if args.block_size == 0 || args.batch_size == 0 || args.threads == 0 {
+        return Err("--block_size, --batch_size and --threads must be positive".into());
+    }
+    if args.block_size > args.buffer_size {
+        return Err("--block_size is larger than --buffer_size".into());
+    }
+    match args.mode {
+        Mode::Target => run_target(args),
+        Mode::Initiator => {
+            let segment = args
+                .segment_id
+                .clone()
+                .ok_or("--segment_id names the target (it prints it at start)")?;
+            report(args, &run_initiator(args, &segment)?)
+        }
+        Mode::Loopback => run_loopback(args),
+    }
+}
+
+fn engine(args: &Args, default_name: Option<&str>) -> Result<TransferEngine, String> {
+    if args.protocol != "tcp" {
+        return Err(format!(
+            "--protocol={} is not available in this build; use --protocol=tcp",
+            args.protocol
+        ));
+    }
+    let defaults = TcpConfig::default();
+    let tcp = TcpConfig {
+        connections_per_peer: args.tcp_connections.unwrap_or(defaults.connections_per_peer),
+        slice_size: args.tcp_slice_size.unwrap_or(defaults.slice_size),
+        ..defaults
+    };
+    let mut builder = TransferEngine::builder()
+        .metadata(args.metadata_server.clone())
+        .transport(TcpTransport::new(tcp));
+    if let Some(name) = args.local_server_name.as_deref().or(default_name) {
+        builder = builder.local_server_name(name);
+    }
+    builder.build().map_err(|e| format!("starting the engine: {e}"))
+}
+
+/// The byte every node keeps at offset `i` of its buffer when verifying.
+fn expected_byte(offset: usize) -> u8 {
+    let x = (offset as u64 / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (offset as u64 % 8);
+    (x >> 56) as u8 ^ (offset as u8)
+}
+
+fn fill_pattern(buffer: &OwnedBuffer) -> Result<(), String> {
+    const CHUNK: usize = 1 << 20;
+    let mut chunk = vec![0u8; CHUNK];
+    let mut offset = 0;
+    while offset < buffer.len() {
+        let len = CHUNK.min(buffer.len() - offset);
+        for (i, byte) in chunk[..len].iter_mut().enumerate() {
+            *byte = expected_byte(offset + i);
+        }
+        buffer
+            .write_at(offset, &chunk[..len])
+            .map_err(|e| e.to_string())?;
+        offset += len;
+    }
+    Ok(())
+}
+
+fn run_target(args: &Args) -> Result<(), String> {
+    let engine = engine(args, None)?;
+    let buffer = engine
+        .allocate(args.buffer_size, "cpu:0")
+        .map_err(|e| format!("allocating the buffer: {e}"))?;
+    fill_pattern(&buffer)?;
+    println!("segment: {}", engine.segment_name());
+    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    eprintln!(
+        "tern-bench target: segment {} ({} bytes at {:#x}); run the initiator with --segment_id={}; stop with Ctrl-C or by closing stdin",
+        engine.segment_name(),
+        buffer.len(),
+        buffer.addr(),
+        engine.segment_name()
+    );
+    // Serve until stdin closes (the loopback parent exits, or Ctrl-D) or the process is killed.
+    let mut sink = [0u8; 64];
+    let mut stdin = std::io::stdin();
+    while stdin.read(&mut sink).map(|n| n > 0).unwrap_or(false) {}
+    Ok(())
+}
+
+#[derive(Debug)]
+struct Outcome {
+    duration: Duration,
+    bytes: u64,
+    batches: u64,
+    latencies_us: Vec<f64>,
+}
+
+fn run_initiator(args: &Args, segment: &str) -> Result<Outcome, String> {
+    let engine = engine(args, None)?;
+    let peer = engine
+        .open_segment(segment)
+        .map_err(|e| format!("opening segment {segment}: {e}"))?;
+    let remote = engine
+        .segment(peer)
+        .ok_or("segment vanished")?
+        .desc
+        .buffers
+        .iter()
+        .max_by_key(|b| b.length)
+        .cloned()
+        .ok_or_else(|| format!("segment {segment} has no buffers"))?;
+    let local = engine
+        .allocate(args.buffer_size, "cpu:0")
+        .map_err(|e| format!("allocating the buffer: {e}"))?;
+    if args.verify || args.operation == Operation::Write {
+        fill_pattern(&local)?;
+    }
+    let usable = (local.len().min(remote.length as usize) / args.block_size) * args.block_size;
+    if usable == 0 {
+        return Err("the remote buffer is smaller than one block".into());
+    }
+    let ctx = Shared {
+        engine: &engine,
+        peer,
+        local: &local,
+        remote_addr: remote.addr,
+        usable,
+        args,
+        moved: AtomicU64::new(0),
+        stop: AtomicBool::new(false),
+        start: Barrier::new(args.threads + 1),
+    };
+    let deadline = Duration::from_secs_f64(args.duration.max(0.0));
+    let (outcome, started) = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..args.threads)
+            .map(|thread| {
+                let ctx = &ctx;
+                scope.spawn(move || ctx.worker(thread))
+            })
+            .collect();
+        ctx.start.wait();
+        let started = Instant::now();
+        show_progress(&ctx, started, deadline);
+        ctx.stop.store(true, Ordering::Release);
+        let mut outcome = Outcome {
+            duration: Duration::ZERO,
+            bytes: 0,
+            batches: 0,
+            latencies_us: Vec::new(),
+        };
+        let mut failure = None;
+        for worker in workers {
+            match worker.join() {
+                Ok(Ok(result)) => {
+                    outcome.batches += result.batches;
+                    outcome.bytes += result.bytes;
+                    outcome.latencies_us.extend(result.latencies_us);
+                }
+                Ok(Err(e)) => failure = Some(e),
+                Err(_) => failure = Some("a worker thread panicked".into()),
+            }
+        }
+        outcome.duration = started.elapsed();
+        (failure.map_or(Ok(outcome), Err), started)
+    });
+    let _ = started;
+    outcome
+}
+
+fn show_progress(ctx: &Shared<'_>, started: Instant, run_for: Duration) {
+    let verbose = run_for >= Duration::from_secs(5) || std::io::stderr().is_terminal();
+    let mut last_bytes = 0;
+    let mut last = started;
+    while started.elapsed() < run_for {
+        let left = run_for.saturating_sub(started.elapsed());
+        std::thread::sleep(left.min(Duration::from_secs(1)));
+        if verbose && started.elapsed() < run_for {
+            let bytes = ctx.moved.load(Ordering::Relaxed);
+            let rate = (bytes - last_bytes) as f64 / last.elapsed().as_secs_f64() / 1e9;
+            eprintln!(
+                "progress: {:>5.1}/{:.0} s  {rate:.2} GB/s",
+                started.elapsed().as_secs_f64(),
+                run_for.as_secs_f64()
+            );
+            (last_bytes, last) = (bytes, Instant::now());
+        }
+    }
+}
+
+struct Shared<'a> {
+    engine: &'a TransferEngine,
+    peer: SegmentId,
+    local: &'a OwnedBuffer,
+    remote_addr: u64,
+    usable: usize,
+    args: &'a Args,
+    moved: AtomicU64,
+    stop: AtomicBool,
+    start: Barrier,
+}
+
+impl Shared<'_> {
+    fn worker(&self, thread: usize) -> Result<Outcome, String> {
+        let args = self.args;
+        let blocks = self.usable / args.block_size;
+        let mut outcome = Outcome {
+            duration: Duration::ZERO,
+            bytes: 0,
+            batches: 0,
+            latencies_us: Vec::new(),
+        };
+        let mut requests = Vec::with_capacity(args.batch_size);
+        let mut round = 0usize;
+        let mut scratch = vec![0u8; if args.verify { args.block_size } else { 0 }];
+        let read_back = if args.verify && args.operation == Operation::Write {
+            Some(
+                self.engine
+                    .allocate(args.block_size, "cpu:0")
+                    .map_err(|e| format!("allocating the --verify buffer: {e}"))?,
+            )
+        } else {
+            None
+        };
+        self.start.wait();
+        while !self.stop.load(Ordering::Acquire) {
+            requests.clear();
+            let mut offsets = Vec::with_capacity(args.batch_size);
+            for i in 0..args.batch_size {
+                let block = (thread * args.batch_size + round * args.threads * args.batch_size + i) % blocks;
+                let offset = block * args.block_size;
+                offsets.push(offset);
+                let local = self.local.addr() + offset;
+                let remote = self.remote_addr + offset as u64;
+                requests.push(match args.operation {
+                    Operation::Read => TransferRequest::read(local, self.peer, remote, args.block_size),
+                    Operation::Write => TransferRequest::write(local, self.peer, remote, args.block_size),
+                });
+            }
+            let began = Instant::now();
+            let batch = self
+                .engine
+                .allocate_batch(args.batch_size)
+                .map_err(|e| e.to_string())?;
+            self.engine
+                .submit(&batch, &requests)
+                .map_err(|e| format!("submit: {e}"))?;
+            let status = batch.wait(Duration::from_secs(600));
+            let latency = began.elapsed();
+            if status.state != BatchState::Completed {
+                let reason = (0..status.submitted)
+                    .filter_map(|t| batch.task_status(t))
+                    .find(|s| s.status.is_finished() && s.status != tern_engine::TransferStatus::Completed)
+                    .map_or_else(|| format!("{status:?}"), |s| s.status.to_string());
+                return Err(format!("batch did not complete: {reason}"));
+            }
+            self.engine.free_batch(&batch).map_err(|e| e.to_string())?;
+            if args.verify {
+                self.verify(&offsets, &mut scratch, read_back.as_ref())?;
+            }
+            outcome.batches += 1;
+            outcome.bytes += status.transferred_bytes;
+            outcome.latencies_us.push(latency.as_secs_f64() * 1e6);
+            self.moved.fetch_add(status.transferred_bytes, Ordering::Relaxed);
+            round += 1;
+        }
+        Ok(outcome)
+    }
+
+    /// Reads: the local block must hold the target's pattern. Writes: the block is read
+    /// back from the target and must hold the pattern that was written.
+    fn verify(&self, offsets: &[usize], scratch: &mut [u8], read_back: Option<&OwnedBuffer>) -> Result<(), String> {
+        for &offset in offsets {
+            match read_back {
+                None => self.local.read_at(offset, scratch).map_err(|e| e.to_string())?,
+                Some(verify_buf) => {
+                    self.engine
+                        .transfer_sync(TransferRequest::read(
+                            verify_buf.addr(),
+                            self.peer,
+                            self.remote_addr + offset as u64,
+                            scratch.len(),
+                        ))
+                        .map_err(|e| format!("reading back for --verify: {e}"))?;
+                    verify_buf.read_at(0, scratch).map_err(|e| e.to_string())?;
+                }
+            }
+            if let Some(i) = (0..scratch.len()).find(|&i| scratch[i] != expected_byte(offset + i)) {
+                return Err(format!(
+                    "--verify: byte {} of the block at offset {offset} is {:#04x}, expected {:#04x}",
+                    i,
+                    scratch[i],
+                    expected_byte(offset + i)
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run_loopback(args: &Args) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(exe)
+        .args([
+            "--mode=target",
+            "--local_server_name=127.0.0.1",
+            &format!("--metadata_server={}", args.metadata_server),
+            &format!("--protocol={}", args.protocol),
+            &format!("--buffer_size={}", args.buffer_size),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting the target process: {e}"))?;
+    let mut first_line = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        BufReader::new(stdout)
+            .read_line(&mut first_line)
+            .map_err(|e| e.to_string())?;
+    }
+    let result = match first_line.trim().strip_prefix("segment: ") {
+        Some(segment) => {
+            let mut initiator = args.clone();
+            initiator.local_server_name = Some("127.0.0.1".into());
+            run_initiator(&initiator, segment)
+        }
+        None => Err("the target process did not start (run it with --mode=target to see why)".into()),
+    };
+    drop(child.stdin.take());
+    let _ = child.wait();
+    report(args, &result?)
+}
+
+fn unit_scale(unit: &str) -> Result<f64, String> {
+    Ok(match unit {
+        "GB" => 1e9,
+        "GiB" => (1u64 << 30) as f64,
+        "Gb" => 1e9 / 8.0,
+        "MB" => 1e6,
+        "MiB" => (1u64 << 20) as f64,
+        "Mb" => 1e6 / 8.0,
+        "KB" => 1e3,
+        "KiB" => 1024.0,
+        "Kb" => 1e3 / 8.0,
+        other => return Err(format!("--report_unit {other:?} is not one of GB GiB Gb MB MiB Mb KB KiB Kb")),
+    })
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+fn report(args: &Args, outcome: &Outcome) -> Result<(), String> {
+    let secs = outcome.duration.as_secs_f64().max(1e-9);
+    let scale = unit_scale(&args.report_unit)?;
+    let mut latencies = outcome.latencies_us.clone();
+    latencies.sort_by(f64::total_cmp);
+    let avg = latencies.iter().sum::<f64>() / latencies.len().max(1) as f64;
+    let line = format!(
+        "Test completed: duration {secs:.2}, batch count {}, throughput {:.prec$} {}/s",
+        outcome.batches,
+        outcome.bytes as f64 / secs / scale,
+        args.report_unit,
+        prec = args.report_precision
+    );
+    if !args.json {
+        println!("{line}");
+        println!(
+            "latency per batch of {}: avg {avg:.1} us, p50 {:.1} us, p99 {:.1} us",
+            args.batch_size,
+            percentile(&latencies, 50.0),
+            percentile(&latencies, 99.0)
+        );
+        return Ok(());
+    }
+    eprintln!("{line}");
+    let json = serde_json::json!({
+        "protocol": args.protocol,
+        "operation": match args.operation { Operation::Read => "read", Operation::Write => "write" },
+        "block_size": args.block_size,
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "duration_s": secs,
+        "bytes": outcome.bytes,
+        "gbps": outcome.bytes as f64 / secs / 1e9,
+        "avg_latency_us": avg,
+        "p50_latency_us": percentile(&latencies, 50.0),
+        "p99_latency_us": percentile(&latencies, 99.0),
+    });
+    println!("{json}");
+    Ok(())
+}

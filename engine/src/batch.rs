@@ -1,0 +1,450 @@
+//! Batches and tasks: the bookkeeping between submit and completion.
+//!
+//! A task's state lives in atomics so that status reads take no lock; a finished task never
+//! changes again (the first final state wins a compare-and-swap). Waiters sleep on a condvar
+//! that finishers signal only when someone waits.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::error::{EngineError, TransferError};
+use crate::types::{BatchState, BatchStatus, TaskStatus, TransferStatus};
+
+const WAITING: u8 = 0;
+const PENDING: u8 = 1;
+const COMPLETED: u8 = 2;
+const FAILED: u8 = 3;
+const TIMEOUT: u8 = 4;
+const CANCELED: u8 = 5;
+
+#[derive(Debug, Default)]
+struct TaskState {
+    state: AtomicU8,
+    slices_total: AtomicU32,
+    slices_done: AtomicU32,
+    bytes: AtomicU64,
+    error: OnceLock<TransferError>,
+}
+
+#[derive(Debug)]
+pub(crate) struct BatchInner {
+    tasks: Box<[TaskState]>,
+    /// Serialises slot reservation; never held while doing I/O.
+    reserve: Mutex<usize>,
+    submitted: AtomicUsize,
+    unfinished: AtomicUsize,
+    waiters: AtomicUsize,
+    wake_lock: Mutex<()>,
+    wake: Condvar,
+    freed: AtomicBool,
+    /// Nanoseconds after `origin`; 0 = no deadline.
+    deadline_ns: AtomicU64,
+    origin: Instant,
+}
+
+impl BatchInner {
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            tasks: (0..capacity).map(|_| TaskState::default()).collect(),
+            reserve: Mutex::new(0),
+            submitted: AtomicUsize::new(0),
+            unfinished: AtomicUsize::new(0),
+            waiters: AtomicUsize::new(0),
+            wake_lock: Mutex::new(()),
+            wake: Condvar::new(),
+            freed: AtomicBool::new(false),
+            deadline_ns: AtomicU64::new(0),
+            origin: Instant::now(),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Reserves `n` task slots; returns the first index.
+    pub(crate) fn reserve(&self, n: usize) -> Result<usize, EngineError> {
+        if self.freed.load(Ordering::Acquire) {
+            return Err(EngineError::BatchFreed);
+        }
+        let mut used = self.reserve.lock().unwrap_or_else(|p| p.into_inner());
+        let room = self.capacity() - *used;
+        if n > room {
+            return Err(EngineError::TooManyRequests {
+                capacity: self.capacity(),
+                room,
+                requested: n,
+            });
+        }
+        let first = *used;
+        *used += n;
+        self.unfinished.fetch_add(n, Ordering::SeqCst);
+        Ok(first)
+    }
+
+    /// Marks reserved slots as visible to status readers, after their state is set.
+    pub(crate) fn publish(&self, up_to: usize) {
+        self.submitted.fetch_max(up_to, Ordering::Release);
+    }
+
+    pub(crate) fn start_task(&self, task: usize, slices: u32) {
+        let t = &self.tasks[task];
+        t.slices_total.store(slices, Ordering::Relaxed);
+        t.state.store(PENDING, Ordering::Release);
+    }
+
+    /// Moves a pending (or just-reserved) task to a final state; false if it already was.
+    fn finish(&self, task: usize, state: u8) -> bool {
+        let t = &self.tasks[task];
+        let mut current = t.state.load(Ordering::Acquire);
+        loop {
+            if current != PENDING && current != WAITING {
+                return false;
+            }
+            match t
+                .state
+                .compare_exchange(current, state, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                Err(now) => current = now,
+            }
+        }
+        if self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1 || self.waiters.load(Ordering::SeqCst) > 0 {
+            let _guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.wake.notify_all();
+        }
+        true
+    }
+
+    pub(crate) fn fail_task(&self, task: usize, error: TransferError) {
+        let _ = self.tasks[task].error.set(error);
+        self.finish(task, FAILED);
+    }
+
+    pub(crate) fn slice_done(&self, task: usize, bytes: u64) {
+        let t = &self.tasks[task];
+        t.bytes.fetch_add(bytes, Ordering::Relaxed);
+        let done = t.slices_done.fetch_add(1, Ordering::AcqRel) + 1;
+        if done == t.slices_total.load(Ordering::Acquire) {
+            self.finish(task, COMPLETED);
+        }
+    }
+
+    /// Whether a slice of `task` should still run: the task is pending and the deadline
+    /// has not passed.
+    pub(crate) fn task_live(&self, task: usize) -> bool {
+        self.tasks[task].state.load(Ordering::Acquire) == PENDING && !self.past_deadline()
+    }
+
+    fn past_deadline(&self) -> bool {
+        let deadline = self.deadline_ns.load(Ordering::Relaxed);
+        deadline != 0 && self.origin.elapsed().as_nanos() as u64 >= deadline
+    }
+
+    pub(crate) fn set_deadline(&self, at: Option<Instant>) {
+        let ns = at.map_or(0, |at| {
+            (at.saturating_duration_since(self.origin).as_nanos() as u64).max(1)
+        });
+        self.deadline_ns.store(ns, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_deadline_if_unset(&self, at: Instant) {
+        let ns = (at.saturating_duration_since(self.origin).as_nanos() as u64).max(1);
+        let _ = self
+            .deadline_ns
+            .compare_exchange(0, ns, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        match self.deadline_ns.load(Ordering::Relaxed) {
+            0 => None,
+            ns => Some(self.origin + Duration::from_nanos(ns)),
+        }
+    }
+
+    /// Times out every unfinished task once the deadline has passed.
+    fn enforce_deadline(&self) {
+        if self.unfinished.load(Ordering::Acquire) > 0 && self.past_deadline() {
+            for task in 0..self.submitted.load(Ordering::Acquire) {
+                self.finish(task, TIMEOUT);
+            }
+        }
+    }
+
+    pub(crate) fn cancel(&self) -> usize {
+        (0..self.submitted.load(Ordering::Acquire))
+            .filter(|&task| self.finish(task, CANCELED))
+            .count()
+    }
+
+    pub(crate) fn task_status(&self, task: usize) -> Option<TaskStatus> {
+        self.enforce_deadline();
+        if task >= self.submitted.load(Ordering::Acquire) {
+            return None;
+        }
+        let t = &self.tasks[task];
+        let status = match t.state.load(Ordering::Acquire) {
+            WAITING => TransferStatus::Waiting,
+            PENDING => TransferStatus::Pending,
+            COMPLETED => TransferStatus::Completed,
+            TIMEOUT => TransferStatus::Timeout,
+            CANCELED => TransferStatus::Canceled,
+            _ => TransferStatus::Failed(
+                t.error
+                    .get()
+                    .cloned()
+                    .unwrap_or(TransferError::Dropped("no reason recorded".into())),
+            ),
+        };
+        Some(TaskStatus {
+            status,
+            transferred_bytes: t.bytes.load(Ordering::Relaxed),
+        })
+    }
+
+    pub(crate) fn status(&self) -> BatchStatus {
+        self.enforce_deadline();
+        let submitted = self.submitted.load(Ordering::Acquire);
+        let (mut completed, mut failed, mut pending, mut bytes) = (0, 0, 0, 0);
+        for t in &self.tasks[..submitted] {
+            bytes += t.bytes.load(Ordering::Relaxed);
+            match t.state.load(Ordering::Acquire) {
+                WAITING | PENDING => pending += 1,
+                COMPLETED => completed += 1,
+                _ => failed += 1,
+            }
+        }
+        let state = if failed > 0 {
+            BatchState::Failed
+        } else if pending > 0 {
+            BatchState::Pending
+        } else {
+            BatchState::Completed
+        };
+        BatchStatus {
+            state,
+            submitted,
+            completed,
+            failed,
+            pending,
+            transferred_bytes: bytes,
+        }
+    }
+
+    pub(crate) fn unfinished(&self) -> usize {
+        self.enforce_deadline();
+        self.unfinished.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps until no task is in flight, `timeout` passes, or the deadline passes.
+    pub(crate) fn wait(&self, timeout: Duration) -> BatchStatus {
+        let until = Instant::now() + timeout;
+        loop {
+            // Outside the wake lock: timing tasks out finishes them, which takes that lock.
+            self.enforce_deadline();
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            let guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.waiters.fetch_add(1, Ordering::SeqCst);
+            if self.unfinished.load(Ordering::SeqCst) == 0 {
+                self.waiters.fetch_sub(1, Ordering::SeqCst);
+                break;
+            }
+            let wake_at = self.deadline().map_or(until, |d| d.min(until));
+            let nap = wake_at.saturating_duration_since(now).max(Duration::from_micros(100));
+            let guard = self
+                .wake
+                .wait_timeout(guard, nap)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
+            drop(guard);
+        }
+        self.status()
+    }
+
+    pub(crate) fn mark_freed(&self) -> Result<(), EngineError> {
+        let pending = self.unfinished();
+        if pending > 0 {
+            return Err(EngineError::BatchBusy { pending });
+        }
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Err(EngineError::BatchFreed);
+        }
+        Ok(())
+    }
+}
+
+/// A batch of transfers: allocate with [`crate::TransferEngine::allocate_batch`], submit into
+/// it, then poll or wait. Cloning gives another handle to the same batch.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub(crate) inner: Arc<BatchInner>,
+}
+
+impl Batch {
+    /// How many requests the batch takes in all.
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+
+    /// The status of task `task` (in submission order), or `None` if not submitted.
+    pub fn task_status(&self, task: usize) -> Option<TaskStatus> {
+        self.inner.task_status(task)
+    }
+
+    /// The aggregate status; reading it takes no lock.
+    pub fn status(&self) -> BatchStatus {
+        self.inner.status()
+    }
+
+    /// Sleeps (no busy polling) until every submitted task has finished, the batch's
+    /// deadline has passed (tasks then end as `Timeout`), or `timeout` elapses.
+    pub fn wait(&self, timeout: Duration) -> BatchStatus {
+        self.inner.wait(timeout)
+    }
+
+    /// Cancels every unfinished task; returns how many were canceled. Slices already on the
+    /// wire finish or fail on their own, but their results are ignored; the memory they use
+    /// stays pinned until they do.
+    pub fn cancel(&self) -> usize {
+        self.inner.cancel()
+    }
+
+    /// Sets (or clears) the deadline after which unfinished tasks end as `Timeout`.
+    pub fn set_deadline(&self, at: Option<Instant>) {
+        self.inner.set_deadline(at);
+    }
+}
+
+/// The engine's side of one slice: reports its outcome to its task exactly once. Dropping it
+/// unreported fails the task, so a transport can never leave a task hanging.
+#[derive(Debug)]
+pub(crate) struct SliceCompletion {
+    batch: Arc<BatchInner>,
+    task: u32,
+    reported: bool,
+}
+
+impl SliceCompletion {
+    pub(crate) fn new(batch: Arc<BatchInner>, task: usize) -> Self {
+        Self {
+            batch,
+            task: task as u32,
+            reported: false,
+        }
+    }
+
+    pub(crate) fn live(&self) -> bool {
+        self.batch.task_live(self.task as usize)
+    }
+
+    pub(crate) fn succeed(mut self, bytes: u64) {
+        self.reported = true;
+        self.batch.slice_done(self.task as usize, bytes);
+    }
+
+    pub(crate) fn fail(mut self, error: TransferError) {
+        self.reported = true;
+        self.batch.fail_task(self.task as usize, error);
+    }
+}
+
+impl Drop for SliceCompletion {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.batch.fail_task(
+                self.task as usize,
+                TransferError::Dropped("slice released without a result".into()),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_completes_when_its_last_slice_does() {
+        let batch = Arc::new(BatchInner::new(2));
+        let first = batch.reserve(2).unwrap();
+        batch.start_task(first, 2);
+        batch.start_task(first + 1, 1);
+        batch.publish(2);
+        let a = SliceCompletion::new(batch.clone(), 0);
+        let b = SliceCompletion::new(batch.clone(), 0);
+        let c = SliceCompletion::new(batch.clone(), 1);
+        a.succeed(10);
+        assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Pending);
+        b.succeed(5);
+        let done = batch.task_status(0).unwrap();
+        assert_eq!((done.status, done.transferred_bytes), (TransferStatus::Completed, 15));
+        assert_eq!(batch.status().state, BatchState::Pending);
+        drop(c);
+        assert!(matches!(
+            batch.task_status(1).unwrap().status,
+            TransferStatus::Failed(TransferError::Dropped(_))
+        ));
+        assert_eq!(batch.status().state, BatchState::Failed);
+        assert!(batch.task_status(2).is_none());
+    }
+
+    #[test]
+    fn capacity_is_enforced_without_partial_reservation() {
+        let batch = BatchInner::new(3);
+        batch.reserve(2).unwrap();
+        assert!(matches!(
+            batch.reserve(2),
+            Err(EngineError::TooManyRequests { capacity: 3, room: 1, requested: 2 })
+        ));
+        assert_eq!(batch.reserve(1).unwrap(), 2);
+    }
+
+    #[test]
+    fn free_is_refused_while_busy_and_cancel_finishes_tasks() {
+        let batch = Arc::new(BatchInner::new(1));
+        batch.reserve(1).unwrap();
+        batch.start_task(0, 1);
+        batch.publish(1);
+        let late = SliceCompletion::new(batch.clone(), 0);
+        assert!(matches!(batch.mark_freed(), Err(EngineError::BatchBusy { pending: 1 })));
+        assert_eq!(batch.cancel(), 1);
+        assert!(!late.live());
+        late.succeed(100);
+        assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Canceled);
+        batch.mark_freed().unwrap();
+        assert!(matches!(batch.reserve(1), Err(EngineError::BatchFreed)));
+    }
+
+    #[test]
+    fn deadlines_time_tasks_out_and_wake_waiters() {
+        let batch = Arc::new(BatchInner::new(1));
+        batch.reserve(1).unwrap();
+        batch.start_task(0, 1);
+        batch.publish(1);
+        batch.set_deadline(Some(Instant::now() + Duration::from_millis(30)));
+        let status = batch.wait(Duration::from_secs(30));
+        assert_eq!(status.state, BatchState::Failed);
+        assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Timeout);
+    }
+
+    #[test]
+    fn waiters_wake_when_another_thread_completes() {
+        let batch = Arc::new(BatchInner::new(1));
+        batch.reserve(1).unwrap();
+        batch.start_task(0, 1);
+        batch.publish(1);
+        let slice = SliceCompletion::new(batch.clone(), 0);
+        let worker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            slice.succeed(1);
+        });
+        let status = batch.wait(Duration::from_secs(30));
+        worker.join().unwrap();
+        assert_eq!(status.state, BatchState::Completed);
+    }
+}

@@ -1,0 +1,191 @@
+//! Owned, aligned, zeroed memory, and parallel pre-touch of it.
+
+use std::alloc::{self, Layout};
+use std::ptr::NonNull;
+
+/// The page size Tern aligns buffers to.
+pub const PAGE_SIZE: usize = 4096;
+
+/// An owned, page-aligned, zero-filled allocation that never moves.
+///
+/// The address stays fixed for the buffer's life, which is what registration needs: peers
+/// are told the address and write to it later.
+#[derive(Debug)]
+pub struct AlignedBuffer {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the buffer is plain owned bytes with no thread affinity; all access to its contents
+// goes through `&self`/`&mut self` methods or through `Region`, which documents its rules.
+unsafe impl Send for AlignedBuffer {}
+// SAFETY: see `Send`; shared references only hand out the base address and length.
+unsafe impl Sync for AlignedBuffer {}
+
+impl AlignedBuffer {
+    /// Allocates `len` zeroed bytes aligned to [`PAGE_SIZE`]. `None` when `len` is zero or
+    /// the allocation fails.
+    pub fn new(len: usize) -> Option<Self> {
+        Self::with_alignment(len, PAGE_SIZE)
+    }
+
+    /// Allocates `len` zeroed bytes aligned to `align` (a power of two).
+    pub fn with_alignment(len: usize, align: usize) -> Option<Self> {
+        if len == 0 {
+            return None;
+        }
+        let layout = Layout::from_size_align(len, align.max(PAGE_SIZE)).ok()?;
+        // SAFETY: `layout` has a non-zero size (checked above) as `alloc_zeroed` requires.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        NonNull::new(raw).map(|ptr| Self { ptr, layout })
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// Raw pointer to the first byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Always false: a buffer has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The bytes, for exclusive use.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is valid for `len` bytes for as long as `self` lives, and `&mut self`
+        // guarantees no other reference into the buffer exists.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
+    /// The bytes, read-only.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialised (zeroed) bytes; only `&mut self`
+        // methods write through this type.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
+    /// Faults every page in with `threads` threads, each writing one byte per page of its
+    /// own chunk, so that later transfers and registrations do not pay for page faults.
+    pub fn pretouch(&mut self, threads: usize) {
+        let threads = threads.max(1);
+        let bytes = self.as_mut_slice();
+        let chunk = bytes.len().div_ceil(threads).next_multiple_of(PAGE_SIZE);
+        std::thread::scope(|scope| {
+            for part in bytes.chunks_mut(chunk) {
+                scope.spawn(move || {
+                    for page in part.chunks_mut(PAGE_SIZE) {
+                        // A volatile write so the store is not elided: the page is already zero.
+                        let first = &mut page[0];
+                        // SAFETY: `first` is a valid, aligned, exclusive reference to a u8.
+                        unsafe { std::ptr::write_volatile(first, 0) };
+                    }
+                });
+            }
+        });
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc_zeroed` with exactly `self.layout` and is freed once.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// When to pre-touch a buffer before registering it.
+///
+/// The default follows Mooncake's trigger: buffers of at least 4 GiB, on hosts with at least
+/// 4 cores and at least one NIC to register on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PretouchPolicy {
+    /// Smallest buffer that is pre-touched.
+    pub min_len: usize,
+    /// Fewest cores on which pre-touch pays off.
+    pub min_cores: usize,
+    /// Fewest NICs the buffer will be registered on.
+    pub min_nics: usize,
+    /// Upper bound on threads used.
+    pub max_threads: usize,
+}
+
+impl Default for PretouchPolicy {
+    fn default() -> Self {
+        Self {
+            min_len: 4 << 30,
+            min_cores: 4,
+            min_nics: 1,
+            max_threads: 16,
+        }
+    }
+}
+
+impl PretouchPolicy {
+    /// A policy that always pre-touches, with up to `max_threads` threads.
+    pub fn always(max_threads: usize) -> Self {
+        Self {
+            min_len: 0,
+            min_cores: 0,
+            min_nics: 0,
+            max_threads,
+        }
+    }
+
+    /// A policy that never pre-touches.
+    pub fn never() -> Self {
+        Self {
+            min_len: usize::MAX,
+            ..Self::default()
+        }
+    }
+
+    /// How many threads to pre-touch a buffer of `len` bytes with on a host with `cores`
+    /// cores and `nics` NICs; 0 means "do not pre-touch".
+    pub fn threads_for(&self, len: usize, cores: usize, nics: usize) -> usize {
+        if len < self.min_len || cores < self.min_cores || nics < self.min_nics {
+            return 0;
+        }
+        // Mooncake's rule: 16 threads on very large hosts, else up to 8.
+        let wanted = if cores > 64 { 16 } else { cores.min(8) };
+        wanted.clamp(1, self.max_threads.max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_zeroed_and_writable() {
+        let mut buf = AlignedBuffer::new(3 * PAGE_SIZE + 5).unwrap();
+        assert_eq!(buf.addr() % PAGE_SIZE, 0);
+        assert!(buf.as_slice().iter().all(|&b| b == 0));
+        buf.as_mut_slice()[3 * PAGE_SIZE + 4] = 7;
+        buf.pretouch(3);
+        assert_eq!(buf.as_slice()[3 * PAGE_SIZE + 4], 7, "pre-touch keeps contents");
+        assert!(AlignedBuffer::new(0).is_none());
+        let huge_aligned = AlignedBuffer::with_alignment(10, 2 << 20).unwrap();
+        assert_eq!(huge_aligned.addr() % (2 << 20), 0);
+    }
+
+    #[test]
+    fn default_policy_matches_the_mooncake_trigger() {
+        let policy = PretouchPolicy::default();
+        assert_eq!(policy.threads_for(4 << 30, 4, 1), 4);
+        assert_eq!(policy.threads_for(4 << 30, 128, 1), 16);
+        assert_eq!(policy.threads_for((4 << 30) - 1, 8, 1), 0);
+        assert_eq!(policy.threads_for(4 << 30, 2, 1), 0);
+        assert_eq!(policy.threads_for(4 << 30, 8, 0), 0);
+        assert_eq!(PretouchPolicy::never().threads_for(usize::MAX - 1, 64, 8), 0);
+        assert_eq!(PretouchPolicy::always(2).threads_for(1, 8, 0), 2);
+    }
+}

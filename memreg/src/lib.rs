@@ -1,0 +1,22 @@
+//! Memory before a transport sees it.
+//!
+//! `tern-memreg` owns everything about the bytes Tern moves, and nothing about moving them:
+//!
+//! - [`AlignedBuffer`]: owned, page-aligned, zeroed memory, optionally pre-touched in parallel
+//!   so that the first transfer does not pay for page faults;
+//! - [`RegionMap`]: an address map (`BTreeMap<start, ..>`) with overlap detection and
+//!   containing-range lookup in O(log n);
+//! - [`Region`] and [`MemoryRegistry`]: registered memory, with pins ([`RegionPin`]) that keep a
+//!   region from being unregistered while a transfer still touches it, and the only safe way
+//!   for a transport to read or write those bytes.
+//!
+//! It must not know about sockets, verbs, descriptors or the engine. Together with `tern-verbs`
+//! it is one of the two crates allowed `unsafe`; every block names the invariant it relies on.
+
+mod buffer;
+mod map;
+mod region;
+
+pub use buffer::{AlignedBuffer, PretouchPolicy, PAGE_SIZE};
+pub use map::{MapError, RegionMap};
+pub use region::{MemoryError, MemoryRegistry, RegisterRaw, Region, RegionInfo, RegionPin};

@@ -1,0 +1,549 @@
+//! Registered memory: regions, the registry, and pins.
+//!
+//! The bytes of a registered region are shared: a peer may write them over the network while
+//! the application reads them, just as an RDMA NIC would. Tern therefore treats them as raw
+//! bytes, never as Rust objects, and touches them only for the span of one copy or one socket
+//! call, through a [`RegionPin`]. Concurrent transfers to overlapping bytes leave those bytes
+//! unspecified (as with DMA); they never touch memory outside a registered region.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::buffer::AlignedBuffer;
+use crate::map::{MapError, RegionMap};
+
+/// What went wrong with registered memory. Each variant names the addresses involved.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemoryError {
+    /// A region of zero bytes was given; register at least one byte.
+    #[error("zero-length memory region at {addr:#x}")]
+    ZeroLength {
+        /// Start address given.
+        addr: usize,
+    },
+    /// `addr + len` overflows the address space; the range is invalid.
+    #[error("memory range at {addr:#x} with length {len} overflows the address space")]
+    Overflow {
+        /// Start address given.
+        addr: usize,
+        /// Length given.
+        len: usize,
+    },
+    /// The range overlaps a region that is already registered; unregister that one first
+    /// or register a disjoint range.
+    #[error("memory [{addr:#x}, +{len}) overlaps the registered region at {existing:#x}")]
+    Overlap {
+        /// Start address given.
+        addr: usize,
+        /// Length given.
+        len: usize,
+        /// Start of the registered region it overlaps.
+        existing: usize,
+    },
+    /// No registered region contains the whole range; register the memory first, or keep
+    /// the transfer inside one region.
+    #[error("memory [{addr:#x}, +{len}) is not inside one registered region")]
+    NotRegistered {
+        /// Start address given.
+        addr: usize,
+        /// Length given.
+        len: usize,
+    },
+    /// The region exists but was registered without remote access, so peers may not touch it.
+    #[error("memory region at {addr:#x} is not remote-accessible")]
+    NotRemoteAccessible {
+        /// Start of the region.
+        addr: usize,
+    },
+    /// The region is still used by transfers in flight; wait for them (or cancel them and
+    /// wait) before unregistering.
+    #[error("memory region at {addr:#x} is in use by {pins} transfer(s) in flight")]
+    InUse {
+        /// Start of the region.
+        addr: usize,
+        /// Transfers still holding it.
+        pins: usize,
+    },
+    /// An access reached outside the pinned region (a bug in the caller's range arithmetic).
+    #[error("access [{addr:#x}, +{len}) is outside region [{region_addr:#x}, +{region_len})")]
+    OutOfRange {
+        /// Start of the access.
+        addr: usize,
+        /// Length of the access.
+        len: usize,
+        /// Start of the region.
+        region_addr: usize,
+        /// Length of the region.
+        region_len: usize,
+    },
+}
+
+impl From<MapError> for MemoryError {
+    fn from(error: MapError) -> Self {
+        match error {
+            MapError::ZeroLength { start } => Self::ZeroLength { addr: start },
+            MapError::Overflow { start, len } => Self::Overflow { addr: start, len },
+            MapError::Overlap {
+                start,
+                len,
+                existing,
+            } => Self::Overlap {
+                addr: start,
+                len,
+                existing,
+            },
+        }
+    }
+}
+
+/// The public facts of a region: where it is, how long, where it lives, who may touch it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// Start address.
+    pub addr: usize,
+    /// Length in bytes.
+    pub len: usize,
+    /// Location as Mooncake names it: `cpu:<numa>`, `cuda:<n>`, or `*`.
+    pub location: String,
+    /// Whether peers may read and write it.
+    pub remote_accessible: bool,
+}
+
+/// A range of memory Tern may move bytes to and from.
+#[derive(Debug)]
+pub struct Region {
+    info: RegionInfo,
+    owner: Option<AlignedBuffer>,
+    pins: AtomicUsize,
+}
+
+impl Region {
+    /// A region over memory Tern does not own.
+    ///
+    /// # Safety
+    ///
+    /// `[addr, addr + len)` must be valid for reads and writes by any thread from now until
+    /// the region has been unregistered from every [`MemoryRegistry`] it was added to and
+    /// every [`RegionPin`] on it has been dropped ([`MemoryRegistry::unregister`] returning
+    /// `Ok` guarantees both). The caller must not rely on Rust's aliasing guarantees for those
+    /// bytes meanwhile: peers may change them at any time.
+    pub unsafe fn from_raw(
+        addr: *mut u8,
+        len: usize,
+        location: impl Into<String>,
+        remote_accessible: bool,
+    ) -> Self {
+        Self {
+            info: RegionInfo {
+                addr: addr as usize,
+                len,
+                location: location.into(),
+                remote_accessible,
+            },
+            owner: None,
+            pins: AtomicUsize::new(0),
+        }
+    }
+
+    /// A region over a buffer it owns; the memory lives as long as the region.
+    pub fn owned(
+        buffer: AlignedBuffer,
+        location: impl Into<String>,
+        remote_accessible: bool,
+    ) -> Self {
+        Self {
+            info: RegionInfo {
+                addr: buffer.addr(),
+                len: buffer.len(),
+                location: location.into(),
+                remote_accessible,
+            },
+            owner: Some(buffer),
+            pins: AtomicUsize::new(0),
+        }
+    }
+
+    /// The region's facts.
+    pub fn info(&self) -> &RegionInfo {
+        &self.info
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> usize {
+        self.info.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.info.len
+    }
+
+    /// Whether the region has zero bytes (never true once registered).
+    pub fn is_empty(&self) -> bool {
+        self.info.len == 0
+    }
+
+    /// Whether the region owns its memory (and so outlives any registry entry safely).
+    pub fn is_owned(&self) -> bool {
+        self.owner.is_some()
+    }
+
+    /// Transfers currently holding the region.
+    pub fn pin_count(&self) -> usize {
+        self.pins.load(Ordering::Acquire)
+    }
+
+    /// Pins an owned region directly (its owner reading or writing its own bytes). Raw
+    /// regions can only be pinned through their registry, which is what makes
+    /// [`MemoryRegistry::unregister`]'s in-use check sound; for them this returns `None`.
+    pub fn pin_owned(self: &Arc<Self>) -> Option<RegionPin> {
+        self.is_owned().then(|| RegionPin::new(self.clone()))
+    }
+}
+
+/// Registration of memory Tern does not own, for anything that keeps a [`MemoryRegistry`]
+/// behind a safe [`RegisterRaw::register_region`]. The raw-pointer entry points live here, in
+/// the crate allowed `unsafe`, so implementors write no `unsafe` themselves.
+pub trait RegisterRaw {
+    /// What registration fails with.
+    type Error;
+
+    /// Registers a region (built safely, or with [`Region::from_raw`]).
+    fn register_region(&self, region: Region) -> Result<(), Self::Error>;
+
+    /// Registers several regions at once: all or none.
+    fn register_regions(&self, regions: Vec<Region>) -> Result<(), Self::Error>;
+
+    /// Registers `len` bytes at `ptr` that the caller owns.
+    ///
+    /// # Safety
+    ///
+    /// As [`Region::from_raw`]: the memory must stay valid for reads and writes until it has
+    /// been unregistered successfully, and nothing may rely on Rust aliasing guarantees for
+    /// it meanwhile (peers write it at any time).
+    unsafe fn register_memory(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        location: &str,
+        remote_accessible: bool,
+    ) -> Result<(), Self::Error> {
+        // SAFETY: the caller upholds `Region::from_raw`'s contract, which this function's
+        // contract repeats word for word.
+        let region = unsafe { Region::from_raw(ptr, len, location, remote_accessible) };
+        self.register_region(region)
+    }
+
+    /// Registers several `(ptr, len)` ranges with one location: all or none.
+    ///
+    /// # Safety
+    ///
+    /// As [`RegisterRaw::register_memory`], for every range.
+    unsafe fn register_memory_batch(
+        &self,
+        ranges: &[(*mut u8, usize)],
+        location: &str,
+        remote_accessible: bool,
+    ) -> Result<(), Self::Error> {
+        let regions = ranges
+            .iter()
+            // SAFETY: the caller upholds `Region::from_raw`'s contract for every range.
+            .map(|&(ptr, len)| unsafe { Region::from_raw(ptr, len, location, remote_accessible) })
+            .collect();
+        self.register_regions(regions)
+    }
+}
+
+/// A hold on a registered region: while any pin lives, the region cannot be unregistered,
+/// so its memory stays valid. Transports read and write region memory only through pins.
+#[derive(Debug)]
+pub struct RegionPin {
+    region: Arc<Region>,
+}
+
+impl Clone for RegionPin {
+    fn clone(&self) -> Self {
+        Self::new(self.region.clone())
+    }
+}
+
+impl Drop for RegionPin {
+    fn drop(&mut self) {
+        self.region.pins.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl RegionPin {
+    fn new(region: Arc<Region>) -> Self {
+        region.pins.fetch_add(1, Ordering::AcqRel);
+        Self { region }
+    }
+
+    /// The pinned region's facts.
+    pub fn info(&self) -> &RegionInfo {
+        &self.region.info
+    }
+
+    /// Checks that `[addr, addr + len)` lies in the region and returns its start pointer.
+    fn span(&self, addr: usize, len: usize) -> Result<*mut u8, MemoryError> {
+        let info = &self.region.info;
+        let inside = addr >= info.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= info.addr + info.len);
+        if !inside {
+            return Err(MemoryError::OutOfRange {
+                addr,
+                len,
+                region_addr: info.addr,
+                region_len: info.len,
+            });
+        }
+        Ok(addr as *mut u8)
+    }
+
+    fn span_io(&self, addr: usize, len: usize) -> io::Result<*mut u8> {
+        self.span(addr, len)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    }
+
+    /// Fills `[addr, addr + len)` straight from `reader` (no staging copy).
+    pub fn read_exact_from(&self, addr: usize, len: usize, reader: &mut impl Read) -> io::Result<()> {
+        let ptr = self.span_io(addr, len)?;
+        // SAFETY: `span` checked the range lies inside the region; the pin keeps the region
+        // registered, and registration (`Region::from_raw`'s contract, or ownership) keeps the
+        // memory valid for writes. The slice lives only for this call; u8 has no invalid
+        // values, so concurrent writers can only make the bytes unspecified (module docs).
+        let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        reader.read_exact(bytes)
+    }
+
+    /// Sends `[addr, addr + len)` straight to `writer` (no staging copy).
+    pub fn write_all_to(&self, addr: usize, len: usize, writer: &mut impl Write) -> io::Result<()> {
+        let ptr = self.span_io(addr, len)?;
+        // SAFETY: as in `read_exact_from`: range checked, memory valid while pinned, slice
+        // confined to this call.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        writer.write_all(bytes)
+    }
+
+    /// Copies `dst.len()` bytes starting at `addr` out of the region.
+    pub fn copy_to_slice(&self, addr: usize, dst: &mut [u8]) -> Result<(), MemoryError> {
+        let ptr = self.span(addr, dst.len())?;
+        // SAFETY: the source range is inside the pinned region (checked), `dst` is a distinct
+        // exclusive borrow, so the two cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(ptr, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` into the region starting at `addr`.
+    pub fn copy_from_slice(&self, addr: usize, src: &[u8]) -> Result<(), MemoryError> {
+        let ptr = self.span(addr, src.len())?;
+        // SAFETY: the destination range is inside the pinned region (checked); `src` is a
+        // Rust borrow and cannot alias registered memory handed out mutably elsewhere.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr, src.len()) };
+        Ok(())
+    }
+}
+
+/// The set of registered regions of one process (or one engine).
+#[derive(Debug, Default)]
+pub struct MemoryRegistry {
+    regions: RwLock<RegionMap<Arc<Region>>>,
+}
+
+impl MemoryRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn read(&self) -> RwLockReadGuard<'_, RegionMap<Arc<Region>>> {
+        // A poisoned lock only means a panic elsewhere; the map itself is always consistent
+        // because every mutation is a single BTreeMap call.
+        self.regions.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, RegionMap<Arc<Region>>> {
+        self.regions.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a region; fails on zero length, overflow or overlap and changes nothing then.
+    pub fn register(&self, region: Region) -> Result<Arc<Region>, MemoryError> {
+        let region = Arc::new(region);
+        self.write()
+            .insert(region.addr(), region.len(), region.clone())?;
+        Ok(region)
+    }
+
+    /// Removes the region starting at `addr`, unless a transfer still holds it.
+    ///
+    /// Pins are only taken under the registry's read lock (or cloned from a live pin), so
+    /// with the write lock held the count cannot rise from zero: once this returns `Ok`, no
+    /// transfer touches the memory any more.
+    pub fn unregister(&self, addr: usize) -> Result<Arc<Region>, MemoryError> {
+        let mut removed = self.unregister_all(&[addr])?;
+        removed.pop().ok_or(MemoryError::NotRegistered { addr, len: 0 })
+    }
+
+    /// Removes every region starting at one of `addrs`, or none: if any address is unknown or
+    /// its region is in use, nothing is removed and the first problem is returned.
+    pub fn unregister_all(&self, addrs: &[usize]) -> Result<Vec<Arc<Region>>, MemoryError> {
+        let mut regions = self.write();
+        for &addr in addrs {
+            let (_, region) = regions
+                .get(addr)
+                .ok_or(MemoryError::NotRegistered { addr, len: 0 })?;
+            let pins = region.pin_count();
+            if pins > 0 {
+                return Err(MemoryError::InUse { addr, pins });
+            }
+        }
+        // Checked above under the same write lock, so every removal succeeds.
+        Ok(addrs
+            .iter()
+            .filter_map(|&addr| regions.remove(addr).map(|(_, r)| r))
+            .collect())
+    }
+
+    /// Removes an owned region even while pinned: its memory lives inside the region, so
+    /// transfers still holding pins finish safely. Raw regions are left alone (`None`).
+    pub fn remove_owned(&self, addr: usize) -> Option<Arc<Region>> {
+        let mut regions = self.write();
+        let owned = regions.get(addr).is_some_and(|(_, r)| r.is_owned());
+        if owned {
+            regions.remove(addr).map(|(_, r)| r)
+        } else {
+            None
+        }
+    }
+
+    /// Pins the region that contains all of `[addr, addr + len)`.
+    pub fn pin(&self, addr: usize, len: usize) -> Result<RegionPin, MemoryError> {
+        let regions = self.read();
+        let (_, _, region) = regions
+            .find_containing(addr, len)
+            .ok_or(MemoryError::NotRegistered { addr, len })?;
+        Ok(RegionPin::new(region.clone()))
+    }
+
+    /// Pins the region containing `[addr, addr + len)` for a peer: it must also be
+    /// remote-accessible.
+    pub fn pin_remote(&self, addr: usize, len: usize) -> Result<RegionPin, MemoryError> {
+        let pin = self.pin(addr, len)?;
+        if !pin.info().remote_accessible {
+            return Err(MemoryError::NotRemoteAccessible {
+                addr: pin.info().addr,
+            });
+        }
+        Ok(pin)
+    }
+
+    /// Whether some region overlaps `[addr, addr + len)`.
+    pub fn overlaps(&self, addr: usize, len: usize) -> Result<bool, MemoryError> {
+        Ok(self.read().first_overlap(addr, len)?.is_some())
+    }
+
+    /// The facts of every region, in address order.
+    pub fn snapshot(&self) -> Vec<RegionInfo> {
+        self.read().iter().map(|(_, _, r)| r.info.clone()).collect()
+    }
+
+    /// Number of registered regions.
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    /// Whether no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.read().is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned(len: usize, remote: bool) -> Region {
+        Region::owned(AlignedBuffer::new(len).unwrap(), "cpu:0", remote)
+    }
+
+    #[test]
+    fn pins_block_unregister_until_dropped() {
+        let registry = MemoryRegistry::new();
+        let region = registry.register(owned(8192, true)).unwrap();
+        let addr = region.addr();
+        let pin = registry.pin(addr + 10, 100).unwrap();
+        let second = pin.clone();
+        assert_eq!(
+            registry.unregister(addr).unwrap_err(),
+            MemoryError::InUse { addr, pins: 2 }
+        );
+        drop(pin);
+        drop(second);
+        registry.unregister(addr).unwrap();
+        assert_eq!(
+            registry.unregister(addr).unwrap_err(),
+            MemoryError::NotRegistered { addr, len: 0 }
+        );
+        assert!(registry.is_empty());
+    }
+
+    #[test]
+    fn registry_rejects_overlap_and_unknown_ranges() {
+        let registry = MemoryRegistry::new();
+        let region = registry.register(owned(8192, false)).unwrap();
+        let addr = region.addr();
+        // SAFETY: never accessed; the registration is rejected before any pin can exist.
+        let overlapping = unsafe { Region::from_raw((addr + 4096) as *mut u8, 8192, "*", true) };
+        assert!(matches!(
+            registry.register(overlapping),
+            Err(MemoryError::Overlap { existing, .. }) if existing == addr
+        ));
+        assert!(matches!(
+            registry.pin(addr + 8000, 500),
+            Err(MemoryError::NotRegistered { .. })
+        ));
+        assert_eq!(
+            registry.pin_remote(addr, 1).unwrap_err(),
+            MemoryError::NotRemoteAccessible { addr }
+        );
+    }
+
+    #[test]
+    fn pinned_access_is_range_checked_and_moves_bytes() {
+        let registry = MemoryRegistry::new();
+        let region = registry.register(owned(4096, true)).unwrap();
+        let base = region.addr();
+        let pin = registry.pin(base, 4096).unwrap();
+        pin.copy_from_slice(base + 100, b"hello").unwrap();
+        let mut out = [0u8; 5];
+        pin.copy_to_slice(base + 100, &mut out).unwrap();
+        assert_eq!(&out, b"hello");
+        let mut sink = Vec::new();
+        pin.write_all_to(base + 100, 5, &mut sink).unwrap();
+        assert_eq!(sink, b"hello");
+        pin.read_exact_from(base + 4090, 6, &mut &b"world!"[..]).unwrap();
+        pin.copy_to_slice(base + 4090, &mut out).unwrap();
+        assert_eq!(&out, b"world");
+        assert!(matches!(
+            pin.copy_from_slice(base + 4095, b"xy"),
+            Err(MemoryError::OutOfRange { .. })
+        ));
+        assert!(pin.write_all_to(usize::MAX, 2, &mut sink).is_err());
+    }
+
+    #[test]
+    fn owned_regions_can_be_removed_while_pinned_and_stay_valid() {
+        let registry = MemoryRegistry::new();
+        let region = registry.register(owned(4096, true)).unwrap();
+        let base = region.addr();
+        drop(region);
+        let pin = registry.pin(base, 10).unwrap();
+        assert!(registry.remove_owned(base).is_some());
+        pin.copy_from_slice(base, b"still ok").unwrap();
+        assert!(registry.pin(base, 1).is_err());
+    }
+}

@@ -1,0 +1,21 @@
+//! Who is where, and what memory they expose.
+//!
+//! `tern-metadata` defines the segment descriptors ([`SegmentDesc`], [`BufferDesc`],
+//! [`DeviceDesc`]) byte-compatible with Mooncake's JSON, the key layout of metadata stores,
+//! the [`MetadataStore`] trait with its stores, the handshake RPC ([`rpc`]: framing, server,
+//! client), and how a node picks the address it advertises ([`net`]).
+//!
+//! It must not move data or know about batches, transports' internals or registered memory:
+//! transports hand their part of a descriptor to the engine, which publishes it here.
+#![forbid(unsafe_code)]
+
+mod desc;
+mod error;
+pub mod keys;
+pub mod net;
+pub mod rpc;
+mod store;
+
+pub use desc::{BufferDesc, DescriptorError, DeviceDesc, PriorityMatrix, SegmentDesc};
+pub use error::MetadataError;
+pub use store::{MetadataConn, MetadataStore, P2pStore, RpcMeta};

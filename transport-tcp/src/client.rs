@@ -1,0 +1,218 @@
+//! The client side: a pool of persistent connections per peer, each with one worker thread
+//! taking slices from the pool's queue, so slices stripe across connections.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use tern_engine::{Opcode, Slice, TransferError};
+
+use crate::wire::{Header, Status, OP_READ, OP_V2, OP_WRITE};
+use crate::TcpConfig;
+
+/// After a failed connect, further slices to the same peer fail at once for this long
+/// instead of each waiting for its own connect timeout.
+const FAST_FAIL: Duration = Duration::from_millis(100);
+
+#[derive(Debug)]
+pub(crate) struct Pool {
+    sender: Mutex<Option<Sender<Slice>>>,
+}
+
+#[derive(Debug)]
+struct PoolShared {
+    endpoint: String,
+    config: TcpConfig,
+    stop: Arc<AtomicBool>,
+    last_connect_failure: Mutex<Option<(Instant, String)>>,
+}
+
+impl Pool {
+    pub(crate) fn start(endpoint: String, config: TcpConfig, stop: Arc<AtomicBool>) -> Arc<Self> {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        let shared = Arc::new(PoolShared {
+            endpoint,
+            config,
+            stop,
+            last_connect_failure: Mutex::new(None),
+        });
+        for lane in 0..shared.config.connections_per_peer.max(1) {
+            let (lane_shared, receiver) = (shared.clone(), receiver.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("tern-tcp-lane-{lane}"))
+                .spawn(move || lane_loop(&lane_shared, &receiver));
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start TCP lane {lane} to {}: {e}", shared.endpoint);
+            }
+        }
+        Arc::new(Self {
+            sender: Mutex::new(Some(sender)),
+        })
+    }
+
+    pub(crate) fn push(&self, slice: Slice) {
+        let sender = self.sender.lock().unwrap_or_else(|p| p.into_inner());
+        match sender.as_ref() {
+            Some(sender) => {
+                if let Err(returned) = sender.send(slice) {
+                    returned
+                        .into_inner()
+                        .fail(TransferError::Dropped("TCP lanes have stopped".into()));
+                }
+            }
+            None => slice.fail(TransferError::Dropped("TCP transport shut down".into())),
+        }
+    }
+
+    /// Stops taking slices; lanes finish what is queued (failing it, as the stop flag is set)
+    /// and exit.
+    pub(crate) fn close(&self) {
+        self.sender.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+fn lane_loop(shared: &PoolShared, receiver: &Receiver<Slice>) {
+    let mut connection: Option<TcpStream> = None;
+    while let Ok(slice) = receiver.recv() {
+        if shared.stop.load(Ordering::Acquire) {
+            slice.fail(TransferError::Dropped("TCP transport shut down".into()));
+            continue;
+        }
+        if !slice.is_live() {
+            slice.abandon();
+            continue;
+        }
+        let stream = match connection.as_mut() {
+            Some(stream) => stream,
+            None => match shared.connect() {
+                Ok(stream) => connection.insert(stream),
+                Err(message) => {
+                    slice.fail(TransferError::Connection {
+                        peer: shared.endpoint.clone(),
+                        message,
+                    });
+                    continue;
+                }
+            },
+        };
+        let v2 = shared.config.proto_version >= 2 && slice.peer.desc.tcp_proto_version >= 2;
+        match run(stream, &slice, v2) {
+            Ok(()) => slice.complete(),
+            Err(Failure::Rejected) => {
+                let error = TransferError::RemoteRejected {
+                    peer: shared.endpoint.clone(),
+                    addr: slice.remote_addr,
+                    len: slice.len,
+                };
+                slice.fail(error);
+            }
+            Err(Failure::Protocol(message)) => {
+                connection = None;
+                slice.fail(TransferError::Protocol {
+                    peer: shared.endpoint.clone(),
+                    message,
+                });
+            }
+            Err(Failure::Io(e)) => {
+                connection = None;
+                slice.fail(TransferError::Connection {
+                    peer: shared.endpoint.clone(),
+                    message: format!("{e} (mid-transfer)"),
+                });
+            }
+        }
+    }
+}
+
+impl PoolShared {
+    fn connect(&self) -> Result<TcpStream, String> {
+        {
+            let last = self.last_connect_failure.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, message)) = last.as_ref().filter(|(at, _)| at.elapsed() < FAST_FAIL) {
+                return Err(format!("{message} ({} ms ago)", at.elapsed().as_millis()));
+            }
+        }
+        let result = self.try_connect();
+        let mut last = self.last_connect_failure.lock().unwrap_or_else(|p| p.into_inner());
+        match &result {
+            Ok(_) => *last = None,
+            Err(message) => *last = Some((Instant::now(), message.clone())),
+        }
+        result
+    }
+
+    fn try_connect(&self) -> Result<TcpStream, String> {
+        let addrs: Vec<SocketAddr> = self
+            .endpoint
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve: {e}"))?
+            .collect();
+        let mut last = "no address".to_owned();
+        for addr in addrs {
+            match TcpStream::connect_timeout(&addr, self.config.connect_timeout) {
+                Ok(stream) => {
+                    let setup = stream
+                        .set_nodelay(true)
+                        .and_then(|()| stream.set_read_timeout(Some(self.config.io_timeout)))
+                        .and_then(|()| stream.set_write_timeout(Some(self.config.io_timeout)));
+                    return setup.map(|()| stream).map_err(|e| e.to_string());
+                }
+                Err(e) => last = format!("connect: {e}"),
+            }
+        }
+        Err(last)
+    }
+}
+
+enum Failure {
+    Rejected,
+    Protocol(String),
+    Io(io::Error),
+}
+
+impl From<io::Error> for Failure {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+fn run(stream: &mut TcpStream, slice: &Slice, v2: bool) -> Result<(), Failure> {
+    let op = match slice.opcode {
+        Opcode::Read => OP_READ,
+        Opcode::Write => OP_WRITE,
+    };
+    let header = Header {
+        size: slice.len as u64,
+        addr: slice.remote_addr,
+        opcode: if v2 { op | OP_V2 } else { op },
+    };
+    stream.write_all(&header.encode())?;
+    match slice.opcode {
+        Opcode::Write => {
+            slice.local.write_all_to(slice.local_addr, slice.len, stream)?;
+            if v2 {
+                read_status(stream)?;
+            }
+        }
+        Opcode::Read => {
+            if v2 {
+                read_status(stream)?;
+            }
+            slice.local.read_exact_from(slice.local_addr, slice.len, stream)?;
+        }
+    }
+    Ok(())
+}
+
+fn read_status(stream: &mut TcpStream) -> Result<(), Failure> {
+    let mut frame = [0u8; 8];
+    stream.read_exact(&mut frame)?;
+    match Status::decode(frame) {
+        Ok(Status::Ok) => Ok(()),
+        Ok(Status::AddressRejected) => Err(Failure::Rejected),
+        Err(raw) => Err(Failure::Protocol(format!("unknown status frame {raw:#018x}"))),
+    }
+}

@@ -1,0 +1,232 @@
+//! Tern's TCP transport, speaking Mooncake's TCP data protocol (v2, with v1 fallback).
+//!
+//! Wire format: a 24-byte header `{u64 size, u64 addr, u8 opcode, 7 bytes padding}`,
+//! little-endian, opcode READ 0 / WRITE 1 with the high bit set for v2. A v2 server answers
+//! with an 8-byte status frame `0x4D435456_00000000 | code` ("MCTV"; 0 OK, 1 address
+//! rejected): before READ data, and after WRITE data has landed in memory. v1 has no status.
+//!
+//! The server checks every request against the registered, remote-accessible memory before
+//! a byte moves, answers "address rejected" and keeps the connection usable. The client keeps
+//! persistent connections, a pool per peer, and stripes slices across them with one slice in
+//! flight per connection; reads land straight in the destination memory and writes are sent
+//! straight from the source memory.
+//!
+//! It must not decide what to transfer (the engine checks and slices requests), keep
+//! deadlines (the engine does), or publish metadata (it only fills its descriptor fields).
+#![forbid(unsafe_code)]
+
+mod client;
+mod server;
+mod wire;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tern_engine::{
+    BufferDesc, PortChoice, RegionInfo, SegmentDesc, Slice, Transport, TransportContext,
+    TransportError,
+};
+
+pub use wire::{Header, STATUS_MAGIC, Status, HEADER_LEN, OP_READ, OP_V2, OP_WRITE};
+
+/// The protocol name published in descriptors.
+pub const PROTOCOL: &str = "tcp";
+
+/// Environment variable that forces the legacy v1 framing when set to `1` (as Mooncake).
+pub const PROTO_ENV: &str = "MC_TCP_PROTO";
+
+/// Environment variable with the number of connections per peer (as Mooncake's lanes).
+pub const LANES_ENV: &str = "MC_TCP_LANES_PER_PEER";
+
+/// Settings of the TCP transport.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// Where the data listener binds (default: a free port in 15000–17000).
+    pub ports: PortChoice,
+    /// Persistent connections per peer; slices are striped across them.
+    pub connections_per_peer: usize,
+    /// Largest slice; a larger request is cut and striped.
+    pub slice_size: usize,
+    /// Bound on connecting to a peer.
+    pub connect_timeout: Duration,
+    /// Bound on each socket read or write once a transfer is under way.
+    pub io_timeout: Duration,
+    /// How long an inbound connection may sit idle between requests before it is closed.
+    pub idle_timeout: Duration,
+    /// Inbound connections served at once; more are closed.
+    pub max_inbound: usize,
+    /// Highest protocol version spoken (2, or 1 for legacy peers).
+    pub proto_version: u8,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        let lanes = std::env::var(LANES_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| (1..=64).contains(&n))
+            .unwrap_or(4);
+        let proto_version = match std::env::var(PROTO_ENV).as_deref().map(str::trim) {
+            Ok("1") => 1,
+            _ => 2,
+        };
+        Self {
+            ports: PortChoice::default(),
+            connections_per_peer: lanes,
+            slice_size: 1 << 20,
+            connect_timeout: Duration::from_secs(5),
+            io_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(300),
+            max_inbound: 256,
+            proto_version,
+        }
+    }
+}
+
+/// The TCP transport. Install it with `TransferEngine::builder().transport(..)`.
+#[derive(Debug)]
+pub struct TcpTransport {
+    config: TcpConfig,
+    running: OnceLock<Arc<Running>>,
+}
+
+#[derive(Debug)]
+struct Running {
+    config: TcpConfig,
+    stop: Arc<AtomicBool>,
+    server: Mutex<Option<server::Server>>,
+    local: SocketAddr,
+    pools: Mutex<HashMap<(String, u16), Arc<client::Pool>>>,
+}
+
+impl TcpTransport {
+    /// A transport with `config`.
+    pub fn new(config: TcpConfig) -> Self {
+        Self {
+            config,
+            running: OnceLock::new(),
+        }
+    }
+
+    /// The data port, once started.
+    pub fn data_port(&self) -> Option<u16> {
+        self.running.get().map(|r| r.local.port())
+    }
+
+    fn pool(running: &Running, host: &str, port: u16) -> Arc<client::Pool> {
+        let mut pools = running.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools
+            .entry((host.to_owned(), port))
+            .or_insert_with(|| {
+                client::Pool::start(
+                    format!("{host}:{port}"),
+                    running.config.clone(),
+                    running.stop.clone(),
+                )
+            })
+            .clone()
+    }
+}
+
+impl Default for TcpTransport {
+    fn default() -> Self {
+        Self::new(TcpConfig::default())
+    }
+}
+
+impl Transport for TcpTransport {
+    fn protocol(&self) -> &'static str {
+        PROTOCOL
+    }
+
+    fn start(&self, context: TransportContext) -> Result<(), TransportError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let server = server::Server::start(
+            context.advertised_ip,
+            context.registry,
+            self.config.clone(),
+            stop.clone(),
+        )
+        .map_err(|e| TransportError(format!("binding the data port on {}: {e}", context.advertised_ip)))?;
+        let running = Arc::new(Running {
+            config: self.config.clone(),
+            local: server.local_addr(),
+            stop,
+            server: Mutex::new(Some(server)),
+            pools: Mutex::new(HashMap::new()),
+        });
+        self.running
+            .set(running)
+            .map_err(|_| TransportError("TCP transport started twice".into()))
+    }
+
+    fn describe(&self, desc: &mut SegmentDesc) {
+        if let Some(running) = self.running.get() {
+            desc.tcp_data_port = running.local.port();
+            desc.tcp_proto_version = u32::from(self.config.proto_version);
+        }
+    }
+
+    fn describe_buffer(&self, region: &RegionInfo, segment_name: &str) -> BufferDesc {
+        BufferDesc {
+            addr: region.addr as u64,
+            length: region.len as u64,
+            lkey: None,
+            name: segment_name.to_owned(),
+            rkey: None,
+        }
+    }
+
+    fn max_slice_size(&self) -> usize {
+        self.config.slice_size.max(1)
+    }
+
+    fn submit(&self, slices: Vec<Slice>) {
+        let Some(running) = self.running.get() else {
+            for slice in slices {
+                slice.fail(tern_engine::TransferError::Dropped("TCP transport not started".into()));
+            }
+            return;
+        };
+        let mut current: Option<((String, u16), Arc<client::Pool>)> = None;
+        for slice in slices {
+            let key = (slice.peer.rpc.ip_or_host_name.clone(), slice.peer.desc.tcp_data_port);
+            let pool = match &current {
+                Some((k, pool)) if *k == key => pool.clone(),
+                _ => {
+                    let pool = Self::pool(running, &key.0, key.1);
+                    current = Some((key, pool.clone()));
+                    pool
+                }
+            };
+            pool.push(slice);
+        }
+    }
+
+    fn shutdown(&self) {
+        let Some(running) = self.running.get() else {
+            return;
+        };
+        running.stop.store(true, Ordering::Release);
+        running.server.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let pools: Vec<_> = running
+            .pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, p)| p)
+            .collect();
+        for pool in pools {
+            pool.close();
+        }
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

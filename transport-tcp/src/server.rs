@@ -1,0 +1,190 @@
+//! The data server: checks every request against registered memory, then moves the bytes.
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tern_memreg::MemoryRegistry;
+use tern_metadata::net::bind_listener;
+use tern_metadata::rpc::wake_acceptor;
+
+use crate::wire::{Header, Status, HEADER_LEN, OP_READ, OP_WRITE};
+use crate::TcpConfig;
+
+/// The body of a rejected write is read and thrown away to keep the stream in step, up to
+/// this size; a larger one closes the connection instead.
+const MAX_DRAIN: u64 = 256 << 20;
+
+#[derive(Debug)]
+pub(crate) struct Server {
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    pub(crate) fn start(
+        ip: IpAddr,
+        registry: Arc<MemoryRegistry>,
+        config: TcpConfig,
+        stop: Arc<AtomicBool>,
+    ) -> io::Result<Self> {
+        let listener = bind_listener(ip, config.ports)?;
+        let local = listener.local_addr()?;
+        let acceptor = std::thread::Builder::new()
+            .name(format!("tern-tcp-{}", local.port()))
+            .spawn({
+                let stop = stop.clone();
+                move || accept_loop(listener, registry, config, stop)
+            })?;
+        Ok(Self {
+            local,
+            stop,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    pub(crate) fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        wake_acceptor(self.local);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, registry: Arc<MemoryRegistry>, config: TcpConfig, stop: Arc<AtomicBool>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    for conn in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        let stream = match conn {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!("tcp data accept failed: {e}");
+                continue;
+            }
+        };
+        if active.load(Ordering::Acquire) >= config.max_inbound {
+            tracing::warn!("tcp data server at {} connections; closing a new one", config.max_inbound);
+            continue;
+        }
+        active.fetch_add(1, Ordering::AcqRel);
+        let (registry, config, stop, active) = (registry.clone(), config.clone(), stop.clone(), active.clone());
+        let spawned = std::thread::Builder::new()
+            .name("tern-tcp-conn".into())
+            .spawn(move || {
+                let peer = stream
+                    .peer_addr()
+                    .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+                if let Err(reason) = serve(stream, &registry, &config, &stop) {
+                    tracing::warn!("tcp data connection from {peer} dropped: {reason}");
+                }
+                active.fetch_sub(1, Ordering::AcqRel);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("tcp data server cannot spawn a thread: {e}");
+        }
+    }
+}
+
+/// Serves one connection until the peer closes it (`Ok`) or misbehaves (`Err(reason)`).
+fn serve(mut stream: TcpStream, registry: &MemoryRegistry, config: &TcpConfig, stop: &AtomicBool) -> Result<(), String> {
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(config.io_timeout))
+        .map_err(|e| e.to_string())?;
+    loop {
+        if stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        stream
+            .set_read_timeout(Some(config.idle_timeout))
+            .map_err(|e| e.to_string())?;
+        let Some(header) = read_header(&mut stream)? else {
+            return Ok(());
+        };
+        stream
+            .set_read_timeout(Some(config.io_timeout))
+            .map_err(|e| e.to_string())?;
+        let op = header.operation();
+        if op != OP_READ && op != OP_WRITE {
+            return Err(format!("unknown opcode {:#04x}", header.opcode));
+        }
+        let pin = usize::try_from(header.size)
+            .ok()
+            .zip(usize::try_from(header.addr).ok())
+            .ok_or_else(|| "address or size beyond this machine's address space".to_owned())
+            .and_then(|(size, addr)| {
+                registry
+                    .pin_remote(addr, size)
+                    .map_err(|e| e.to_string())
+                    .map(|pin| (pin, addr, size))
+            });
+        let io = |e: io::Error| format!("{e} during a {} byte transfer", header.size);
+        match (op, pin) {
+            (OP_READ, Ok((pin, addr, size))) => {
+                if header.is_v2() {
+                    stream.write_all(&Status::Ok.encode()).map_err(io)?;
+                }
+                pin.write_all_to(addr, size, &mut stream).map_err(io)?;
+            }
+            (_, Ok((pin, addr, size))) => {
+                pin.read_exact_from(addr, size, &mut stream).map_err(io)?;
+                if header.is_v2() {
+                    stream.write_all(&Status::Ok.encode()).map_err(io)?;
+                }
+            }
+            (_, Err(reason)) if !header.is_v2() => {
+                return Err(format!("v1 request rejected ({reason}); v1 cannot signal it"));
+            }
+            (OP_READ, Err(reason)) => {
+                tracing::debug!("rejecting read at {:#x}+{}: {reason}", header.addr, header.size);
+                stream.write_all(&Status::AddressRejected.encode()).map_err(io)?;
+            }
+            (_, Err(reason)) => {
+                if header.size > MAX_DRAIN {
+                    return Err(format!("rejected write of {} bytes is too large to drain ({reason})", header.size));
+                }
+                tracing::debug!("rejecting write at {:#x}+{}: {reason}", header.addr, header.size);
+                let drained = io::copy(&mut (&mut stream).take(header.size), &mut io::sink()).map_err(io)?;
+                if drained != header.size {
+                    return Err("peer closed during a rejected write".into());
+                }
+                stream.write_all(&Status::AddressRejected.encode()).map_err(io)?;
+            }
+        }
+    }
+}
+
+/// Reads a header; `None` when the peer closed cleanly between requests.
+fn read_header(stream: &mut TcpStream) -> Result<Option<Header>, String> {
+    let mut bytes = [0u8; HEADER_LEN];
+    let mut filled = 0;
+    while filled < HEADER_LEN {
+        match stream.read(&mut bytes[filled..]) {
+            Ok(0) if filled == 0 => return Ok(None),
+            Ok(0) => return Err(format!("truncated header ({filled} of {HEADER_LEN} bytes)")),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                return Err(if filled == 0 {
+                    "idle for too long".to_owned()
+                } else {
+                    format!("silent mid-header ({filled} of {HEADER_LEN} bytes)")
+                });
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(Some(Header::decode(&bytes)))
+}
