@@ -524,10 +524,9 @@ impl TransferEngine {
                 protocols: peer.desc.protocol.clone(),
             })?;
         let slice_size = self.inner.transports[transport_index].max_slice_size();
-        let pieces: Vec<(usize, usize)> = split(len, slice_size, 0).collect();
-        batch.start_task(task, pieces.len() as u32);
+        let pieces = split(len, slice_size, 0);
+        batch.start_task(task, pieces.clone().count() as u32);
         let slices = pieces
-            .into_iter()
             .map(|(offset, piece)| Slice {
                 opcode: request.opcode,
                 local: local.clone(),

@@ -3,7 +3,11 @@
 /// Splits `len` bytes into pieces of `slice` bytes; a tail shorter than `min_tail` is merged
 /// into the piece before it (Mooncake: 64 KiB slices, 16 KiB tail merge). Yields
 /// `(offset, length)` pairs that cover `[0, len)` exactly.
-pub fn split(len: usize, slice: usize, min_tail: usize) -> impl Iterator<Item = (usize, usize)> {
+pub fn split(
+    len: usize,
+    slice: usize,
+    min_tail: usize,
+) -> impl Iterator<Item = (usize, usize)> + Clone {
     let slice = slice.max(1);
     let mut count = len.div_ceil(slice);
     let tail = len % slice;

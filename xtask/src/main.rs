@@ -1,1 +1,280 @@
-fn main() {}
+//! `cargo xtask`: the one entry point beyond `cargo build`.
+//!
+//! - `cargo xtask deps` finds missing system packages and installs them (apt-get, as root) or
+//!   prints the command;
+//! - `cargo xtask test` installs what the tests need, then runs formatting, lints, docs and
+//!   every test of the workspace;
+//! - `cargo xtask bench` runs the loopback benchmark against a TCP baseline it measures in
+//!   the same run, prints the ratios, then runs the criterion benches.
+//!
+//! It must not hold product logic: it only drives cargo, apt and the benchmark binary.
+#![forbid(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+/// A system package and what it is for.
+struct Package {
+    name: &'static str,
+    group: Group,
+    why: &'static str,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    /// Needed to build the whole workspace (C libraries and code generators).
+    Build,
+    /// Servers the tests start (etcd).
+    Services,
+    /// Benchmark baselines.
+    Bench,
+    /// The Soft-RoCE guest.
+    Guest,
+}
+
+const PACKAGES: &[Package] = &[
+    Package { name: "pkg-config", group: Group::Build, why: "finds libibverbs for rdma-sys" },
+    Package { name: "libibverbs-dev", group: Group::Build, why: "RDMA verbs headers (rdma-sys)" },
+    Package { name: "librdmacm-dev", group: Group::Build, why: "RDMA CM headers (rdma-sys)" },
+    Package { name: "libclang-dev", group: Group::Build, why: "bindgen in rdma-sys" },
+    Package { name: "protobuf-compiler", group: Group::Build, why: "protoc for etcd-client" },
+    Package { name: "etcd-server", group: Group::Services, why: "the etcd the tests start" },
+    Package { name: "etcd-client", group: Group::Services, why: "etcdctl, for people poking at it" },
+    Package { name: "iperf3", group: Group::Bench, why: "a second TCP loopback baseline" },
+    Package { name: "qemu-system-x86", group: Group::Guest, why: "boots the Soft-RoCE guest" },
+    Package { name: "ibverbs-providers", group: Group::Guest, why: "librxe inside the guest" },
+    Package { name: "ibverbs-utils", group: Group::Guest, why: "ibv_devinfo inside the guest" },
+    Package { name: "perftest", group: Group::Guest, why: "ib_write_bw baseline" },
+    Package { name: "iproute2", group: Group::Guest, why: "rdma link add" },
+    Package { name: "kmod", group: Group::Guest, why: "depmod/modprobe for the guest's modules" },
+    Package { name: "xz-utils", group: Group::Guest, why: "unpacks the guest kernel" },
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("deps") => deps(&[Group::Build, Group::Services, Group::Bench, Group::Guest]),
+        Some("test") => test(&args[1..]),
+        Some("bench") => bench(&args[1..]),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, then criterion benches\n          [--duration SECS] [--quick]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn cargo() -> Command {
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    command.current_dir(root());
+    command
+}
+
+fn run(mut command: Command, what: &str) -> Result<(), String> {
+    eprintln!("xtask: {what}");
+    let status = command
+        .status()
+        .map_err(|e| format!("{what}: cannot start: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{what}: {status}"))
+    }
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn deps(groups: &[Group]) -> Result<(), String> {
+    let missing: Vec<&Package> = PACKAGES
+        .iter()
+        .filter(|p| groups.contains(&p.group) && !installed(p.name))
+        .collect();
+    if missing.is_empty() {
+        eprintln!("xtask: system packages present");
+        return Ok(());
+    }
+    for package in &missing {
+        eprintln!("xtask: missing {} ({})", package.name, package.why);
+    }
+    let names: Vec<&str> = missing.iter().map(|p| p.name).collect();
+    if !is_root() {
+        return Err(format!(
+            "install them with:\n  sudo apt-get update && sudo apt-get install -y --no-install-recommends {}",
+            names.join(" ")
+        ));
+    }
+    let mut update = Command::new("apt-get");
+    update.args(["update", "-qq"]);
+    run(update, "apt-get update")?;
+    let mut install = Command::new("apt-get");
+    install
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&names)
+        .env("DEBIAN_FRONTEND", "noninteractive");
+    run(install, &format!("apt-get install {}", names.join(" ")))
+}
+
+fn test(extra: &[String]) -> Result<(), String> {
+    let started = Instant::now();
+    deps(&[Group::Build, Group::Services])?;
+    let mut fmt = cargo();
+    fmt.args(["fmt", "--all", "--check"]);
+    run(fmt, "cargo fmt --check")?;
+    let mut clippy = cargo();
+    clippy.args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
+    run(clippy, "cargo clippy -D warnings")?;
+    let mut doc = cargo();
+    doc.args(["doc", "--workspace", "--no-deps"])
+        .env("RUSTDOCFLAGS", "-D warnings");
+    run(doc, "cargo doc")?;
+    let mut tests = cargo();
+    tests.args(["test", "--workspace"]).args(extra);
+    run(tests, "cargo test --workspace")?;
+    eprintln!("xtask: all checks passed in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// One stream over 127.0.0.1 with 1 MiB writes, reader and writer as threads: what a
+/// single TCP connection on this machine does right now.
+fn tcp_baseline(seconds: f64) -> Result<f64, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let reader = std::thread::spawn(move || -> std::io::Result<u64> {
+        let (mut stream, _) = listener.accept()?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut total = 0u64;
+        loop {
+            match stream.read(&mut buf)? {
+                0 => return Ok(total),
+                n => total += n as u64,
+            }
+        }
+    });
+    let mut stream = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    let block = vec![0x5au8; 1 << 20];
+    let until = Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while started.elapsed() < until {
+        stream.write_all(&block).map_err(|e| e.to_string())?;
+        sent += block.len() as u64;
+    }
+    drop(stream);
+    let received = reader
+        .join()
+        .map_err(|_| "baseline reader panicked".to_owned())?
+        .map_err(|e| e.to_string())?;
+    let secs = started.elapsed().as_secs_f64();
+    Ok(received.min(sent) as f64 / secs / 1e9)
+}
+
+fn json_number(json: &str, key: &str) -> Option<f64> {
+    let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let rest = &json[at..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end].trim().parse().ok()
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let duration = args
+        .windows(2)
+        .find(|w| w[0] == "--duration")
+        .and_then(|w| w[1].parse::<f64>().ok())
+        .unwrap_or(if quick { 2.0 } else { 5.0 });
+    let mut build = cargo();
+    build.args(["build", "--release", "-p", "tern-bench"]);
+    run(build, "cargo build --release -p tern-bench")?;
+    let exe = root().join("target/release/tern-bench");
+
+    let before = tcp_baseline(duration.min(3.0))?;
+    let mut rows = Vec::new();
+    for block in [65536usize, 1 << 20] {
+        for op in ["read", "write"] {
+            let mut command = Command::new(&exe);
+            command.args([
+                "--mode=loopback",
+                &format!("--operation={op}"),
+                "--protocol=tcp",
+                &format!("--block_size={block}"),
+                "--batch_size=128",
+                "--threads=1",
+                &format!("--duration={duration}"),
+                "--buffer_size=268435456",
+                "--json",
+            ]);
+            eprintln!("xtask: tern-bench loopback {op} {} KiB", block / 1024);
+            let output = command.output().map_err(|e| format!("tern-bench: {e}"))?;
+            let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+            if !output.status.success() {
+                return Err(format!(
+                    "tern-bench {op} {block}: {}\n{}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+            }
+            let gbps = json_number(&stdout, "gbps").ok_or("tern-bench printed no gbps")?;
+            let p50 = json_number(&stdout, "p50_latency_us").unwrap_or(0.0);
+            rows.push((op, block, gbps, p50, stdout.trim().to_owned()));
+        }
+    }
+    let after = tcp_baseline(duration.min(3.0))?;
+    let baseline = (before + after) / 2.0;
+
+    println!("\nTCP loopback baseline (1 stream, 1 MiB writes): {before:.2} GB/s before, {after:.2} GB/s after, mean {baseline:.2} GB/s\n");
+    println!("| operation | block | threads | tern GB/s | p50 batch latency | ratio to baseline | goal |");
+    println!("|---|---|---|---|---|---|---|");
+    for (op, block, gbps, p50, _) in &rows {
+        let goal = if *block >= 1 << 20 { 0.8 } else { 0.6 };
+        let ratio = gbps / baseline;
+        println!(
+            "| {op} | {} KiB | 1 | {gbps:.2} | {:.0} us | {ratio:.2} | >= {goal} {} |",
+            block / 1024,
+            p50,
+            if ratio >= goal { "met" } else { "MISSED" }
+        );
+    }
+    let report = root().join("target/tern-bench-results.jsonl");
+    let lines: Vec<String> = rows.iter().map(|r| r.4.clone()).collect();
+    let _ = std::fs::write(&report, lines.join("\n") + "\n");
+    println!("\nraw results: {}", report.display());
+
+    let mut criterion = cargo();
+    criterion.args(["bench", "-p", "tern-bench", "--bench", "engine", "--"]);
+    if quick {
+        criterion.args(["--warm-up-time", "1", "--measurement-time", "2"]);
+    }
+    run(criterion, "criterion benches")
+}

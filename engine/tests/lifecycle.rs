@@ -1,0 +1,311 @@
+//! Engine rules that need a transfer to stay in flight on demand: a transport that holds
+//! slices until the test releases them stands in for the wire (the wire itself is proven by
+//! each transport's conformance run). Registration, batches and segments are the real ones.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tern_engine::{
+    BatchState, BufferDesc, EngineError, RegionInfo, RegisterRaw, SegmentDesc, SegmentId, Slice,
+    TransferEngine, TransferError, TransferRequest, TransferStatus, Transport, TransportContext,
+    TransportError,
+};
+
+#[derive(Clone, Default)]
+struct HoldingTransport {
+    held: Arc<Mutex<Vec<Slice>>>,
+}
+
+impl HoldingTransport {
+    fn take(&self) -> Vec<Slice> {
+        std::mem::take(&mut *self.held.lock().unwrap())
+    }
+}
+
+impl Transport for HoldingTransport {
+    fn protocol(&self) -> &'static str {
+        "hold"
+    }
+    fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn describe(&self, _desc: &mut SegmentDesc) {}
+    fn describe_buffer(&self, region: &RegionInfo, segment_name: &str) -> BufferDesc {
+        BufferDesc {
+            addr: region.addr as u64,
+            length: region.len as u64,
+            lkey: None,
+            name: segment_name.to_owned(),
+            rkey: None,
+        }
+    }
+    fn max_slice_size(&self) -> usize {
+        4096
+    }
+    fn submit(&self, slices: Vec<Slice>) {
+        self.held.lock().unwrap().extend(slices);
+    }
+    fn shutdown(&self) {
+        self.held.lock().unwrap().clear();
+    }
+}
+
+fn engine() -> (TransferEngine, HoldingTransport) {
+    let transport = HoldingTransport::default();
+    let engine = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(transport.clone())
+        .build()
+        .unwrap();
+    (engine, transport)
+}
+
+#[test]
+fn registration_rejects_zero_length_overlap_and_unknown_addresses() {
+    let (engine, _) = engine();
+    let mut memory = vec![0u8; 1 << 16];
+    let base = memory.as_mut_ptr();
+    // SAFETY: `memory` outlives every registration; all are undone before it drops.
+    unsafe {
+        assert!(matches!(
+            engine.register_memory(base, 0, "cpu:0", true),
+            Err(EngineError::InvalidArgument(_))
+        ));
+        engine.register_memory(base, 4096, "cpu:0", true).unwrap();
+        assert!(matches!(
+            engine.register_memory(base.add(100), 10, "cpu:0", true),
+            Err(EngineError::AddressOverlapped { .. })
+        ));
+        // A batch with one bad entry registers nothing.
+        let batch = [(base.add(8192), 4096), (base.add(2048), 4096)];
+        assert!(matches!(
+            engine.register_memory_batch(&batch, "cpu:0", true),
+            Err(EngineError::AddressOverlapped { .. })
+        ));
+    }
+    assert_eq!(engine.registered_regions().len(), 1);
+    assert!(matches!(
+        engine.unregister_memory(base as usize + 1),
+        Err(EngineError::AddressNotRegistered { .. })
+    ));
+    let published = engine.local_descriptor();
+    assert_eq!(published.buffers.len(), 1);
+    assert_eq!(published.buffers[0].addr, base as u64);
+    engine.unregister_memory(base as usize).unwrap();
+    assert!(engine.local_descriptor().buffers.is_empty());
+    drop(memory);
+}
+
+#[test]
+fn unregister_and_free_are_refused_while_a_task_is_in_flight() {
+    let (engine, transport) = engine();
+    let mut memory = vec![0u8; 1 << 16];
+    let base = memory.as_mut_ptr() as usize;
+    // SAFETY: `memory` outlives the registration, which is undone before it drops.
+    unsafe { engine.register_memory(memory.as_mut_ptr(), memory.len(), "cpu:0", true) }.unwrap();
+    let target = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(4).unwrap();
+    engine
+        .submit(
+            &batch,
+            &[TransferRequest::write(base, SegmentId::LOCAL, target.addr() as u64, 10_000)],
+        )
+        .unwrap();
+    let slices = transport.take();
+    assert_eq!(slices.len(), 3, "10 000 bytes in 4 KiB slices");
+    assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Pending);
+    assert!(matches!(
+        engine.unregister_memory(base),
+        Err(EngineError::RegionInUse { .. })
+    ));
+    assert!(matches!(
+        engine.free_batch(&batch),
+        Err(EngineError::BatchBusy { pending: 1 })
+    ));
+    let mut slices = slices.into_iter();
+    slices.next().unwrap().complete();
+    slices.next().unwrap().complete();
+    assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Pending);
+    slices.next().unwrap().complete();
+    let done = batch.task_status(0).unwrap();
+    assert_eq!(
+        (done.status, done.transferred_bytes),
+        (TransferStatus::Completed, 10_000)
+    );
+    engine.free_batch(&batch).unwrap();
+    engine.unregister_memory(base).unwrap();
+    drop(memory);
+}
+
+#[test]
+fn cancel_ends_tasks_and_memory_stays_pinned_until_slices_return() {
+    let (engine, transport) = engine();
+    let mut memory = vec![0u8; 1 << 16];
+    let base = memory.as_mut_ptr() as usize;
+    // SAFETY: `memory` outlives the registration, which is undone before it drops.
+    unsafe { engine.register_memory(memory.as_mut_ptr(), memory.len(), "cpu:0", true) }.unwrap();
+    let batch = engine.allocate_batch(2).unwrap();
+    let req = TransferRequest::read(base, SegmentId::LOCAL, base as u64 + 32768, 8192);
+    engine.submit(&batch, &[req, req]).unwrap();
+    assert_eq!(batch.cancel(), 2);
+    assert_eq!(batch.task_status(1).unwrap().status, TransferStatus::Canceled);
+    assert_eq!(batch.status().state, BatchState::Failed);
+    engine.free_batch(&batch).unwrap();
+    // The slices are still out there: the memory must not be released under them.
+    assert!(matches!(
+        engine.unregister_memory(base),
+        Err(EngineError::RegionInUse { .. })
+    ));
+    for slice in transport.take() {
+        assert!(!slice.is_live());
+        slice.abandon();
+    }
+    engine.unregister_memory(base).unwrap();
+    drop(memory);
+}
+
+#[test]
+fn a_deadline_times_out_a_stuck_batch_and_wait_sleeps_until_then() {
+    let transport = HoldingTransport::default();
+    let engine = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(transport.clone())
+        .transfer_timeout(Some(Duration::from_millis(200)))
+        .build()
+        .unwrap();
+    let buffer = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(1).unwrap();
+    let request =
+        TransferRequest::write(buffer.addr(), SegmentId::LOCAL, buffer.addr() as u64 + 4096, 100);
+    engine.submit(&batch, &[request]).unwrap();
+    let started = Instant::now();
+    let status = batch.wait(Duration::from_secs(60));
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "wait ignored the deadline"
+    );
+    assert_eq!(status.state, BatchState::Failed);
+    assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Timeout);
+    let late = transport.take();
+    assert!(late.iter().all(|s| !s.is_live()));
+    assert!(matches!(
+        engine.transfer_sync(request),
+        Err(EngineError::TransferFailed {
+            status: TransferStatus::Timeout
+        })
+    ));
+}
+
+#[test]
+fn a_transport_that_drops_slices_fails_the_task_instead_of_hanging() {
+    let (engine, transport) = engine();
+    let buffer = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(1).unwrap();
+    let request =
+        TransferRequest::write(buffer.addr(), SegmentId::LOCAL, buffer.addr() as u64 + 8192, 100);
+    engine.submit(&batch, &[request]).unwrap();
+    drop(transport.take());
+    assert!(matches!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Failed(TransferError::Dropped(_))
+    ));
+}
+
+#[test]
+fn segments_open_close_and_reject_bad_names() {
+    let (engine, _) = engine();
+    assert!(matches!(
+        engine.open_segment(""),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        engine.open_segment("/"),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    assert_eq!(
+        engine.open_segment(engine.segment_name()).unwrap(),
+        SegmentId::LOCAL
+    );
+    let own = format!("/{}", engine.segment_name());
+    assert_eq!(engine.open_segment(&own).unwrap(), SegmentId::LOCAL);
+    assert!(engine.open_segment("not-an-endpoint").is_err());
+    assert!(
+        engine.open_segment("127.0.0.1:1").is_err(),
+        "nothing listens on port 1"
+    );
+
+    let (other, _) = self::engine();
+    let id = engine.open_segment(other.segment_name()).unwrap();
+    assert_ne!(id, SegmentId::LOCAL);
+    assert_eq!(engine.open_segment(other.segment_name()).unwrap(), id, "cached");
+    engine.close_segment(id).unwrap();
+    assert!(matches!(
+        engine.close_segment(id),
+        Err(EngineError::UnknownSegment(_))
+    ));
+    let buffer = engine.allocate(4096, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(1).unwrap();
+    engine
+        .submit(&batch, &[TransferRequest::read(buffer.addr(), id, 4096, 16)])
+        .unwrap();
+    assert!(matches!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Failed(TransferError::UnknownSegment(_))
+    ));
+    assert!(matches!(
+        engine.allocate(0, "cpu:0"),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        engine.allocate_batch(0),
+        Err(EngineError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn error_codes_follow_mooncake() {
+    assert_eq!(EngineError::InvalidArgument(String::new()).mooncake_code(), -1);
+    let too_many = EngineError::TooManyRequests {
+        capacity: 1,
+        room: 0,
+        requested: 2,
+    };
+    assert_eq!(too_many.mooncake_code(), -2);
+    assert_eq!(EngineError::AddressNotRegistered { addr: 0 }.mooncake_code(), -3);
+    assert_eq!(EngineError::BatchBusy { pending: 1 }.mooncake_code(), -4);
+    let overlap = EngineError::AddressOverlapped {
+        addr: 0,
+        len: 1,
+        existing: 0,
+    };
+    assert_eq!(overlap.mooncake_code(), -7);
+    assert_eq!(TransferStatus::Completed.mooncake_code(), 4);
+    assert_eq!(
+        TransferStatus::Failed(TransferError::ZeroLength).mooncake_code(),
+        6
+    );
+}
+
+#[test]
+fn engines_need_a_transport_and_a_known_metadata_store() {
+    assert!(matches!(
+        TransferEngine::builder()
+            .local_server_name("127.0.0.1")
+            .build(),
+        Err(EngineError::InvalidArgument(_))
+    ));
+    let err = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .metadata("redis://127.0.0.1:6379")
+        .transport(HoldingTransport::default())
+        .build()
+        .unwrap_err();
+    assert!(err.to_string().contains("redis"), "{err}");
+    assert!(
+        TransferEngine::builder()
+            .metadata("ftp://x")
+            .transport(HoldingTransport::default())
+            .build()
+            .is_err()
+    );
+}
