@@ -60,7 +60,9 @@ fn submit_complete(c: &mut Criterion) {
     c.bench_function("submit_complete_64k", |b| {
         b.iter(|| {
             let batch = engine.allocate_batch(1).expect("batch");
-            engine.submit(&batch, black_box(&[request])).expect("submit");
+            engine
+                .submit(&batch, black_box(&[request]))
+                .expect("submit");
             let status = batch.status();
             assert_eq!(status.completed, 1);
             engine.free_batch(&batch).expect("free");
@@ -84,7 +86,8 @@ fn submit_complete(c: &mut Criterion) {
 fn region_lookup(c: &mut Criterion) {
     let mut map = RegionMap::new();
     for i in 0..10_000usize {
-        map.insert(0x1000_0000 + i * 0x10_0000, 0x8_0000, i).expect("insert");
+        map.insert(0x1000_0000 + i * 0x10_0000, 0x8_0000, i)
+            .expect("insert");
     }
     let mut probe = 0usize;
     c.bench_function("region_lookup_10k", |b| {

@@ -7,8 +7,8 @@
 
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
@@ -136,7 +136,9 @@ fn engine(args: &Args, default_name: Option<&str>) -> Result<TransferEngine, Str
     }
     let defaults = TcpConfig::default();
     let tcp = TcpConfig {
-        connections_per_peer: args.tcp_connections.unwrap_or(defaults.connections_per_peer),
+        connections_per_peer: args
+            .tcp_connections
+            .unwrap_or(defaults.connections_per_peer),
         slice_size: args.tcp_slice_size.unwrap_or(defaults.slice_size),
         ..defaults
     };
@@ -146,7 +148,9 @@ fn engine(args: &Args, default_name: Option<&str>) -> Result<TransferEngine, Str
     if let Some(name) = args.local_server_name.as_deref().or(default_name) {
         builder = builder.local_server_name(name);
     }
-    builder.build().map_err(|e| format!("starting the engine: {e}"))
+    builder
+        .build()
+        .map_err(|e| format!("starting the engine: {e}"))
 }
 
 /// The byte every node keeps at offset `i` of its buffer when verifying.
@@ -333,14 +337,19 @@ impl Shared<'_> {
             requests.clear();
             let mut offsets = Vec::with_capacity(args.batch_size);
             for i in 0..args.batch_size {
-                let block = (thread * args.batch_size + round * args.threads * args.batch_size + i) % blocks;
+                let block = (thread * args.batch_size + round * args.threads * args.batch_size + i)
+                    % blocks;
                 let offset = block * args.block_size;
                 offsets.push(offset);
                 let local = self.local.addr() + offset;
                 let remote = self.remote_addr + offset as u64;
                 requests.push(match args.operation {
-                    Operation::Read => TransferRequest::read(local, self.peer, remote, args.block_size),
-                    Operation::Write => TransferRequest::write(local, self.peer, remote, args.block_size),
+                    Operation::Read => {
+                        TransferRequest::read(local, self.peer, remote, args.block_size)
+                    }
+                    Operation::Write => {
+                        TransferRequest::write(local, self.peer, remote, args.block_size)
+                    }
                 });
             }
             let began = Instant::now();
@@ -356,7 +365,9 @@ impl Shared<'_> {
             if status.state != BatchState::Completed {
                 let reason = (0..status.submitted)
                     .filter_map(|t| batch.task_status(t))
-                    .find(|s| s.status.is_finished() && s.status != tern_engine::TransferStatus::Completed)
+                    .find(|s| {
+                        s.status.is_finished() && s.status != tern_engine::TransferStatus::Completed
+                    })
                     .map_or_else(|| format!("{status:?}"), |s| s.status.to_string());
                 return Err(format!("batch did not complete: {reason}"));
             }
@@ -367,7 +378,8 @@ impl Shared<'_> {
             outcome.batches += 1;
             outcome.bytes += status.transferred_bytes;
             outcome.latencies_us.push(latency.as_secs_f64() * 1e6);
-            self.moved.fetch_add(status.transferred_bytes, Ordering::Relaxed);
+            self.moved
+                .fetch_add(status.transferred_bytes, Ordering::Relaxed);
             round += 1;
         }
         Ok(outcome)
@@ -375,10 +387,18 @@ impl Shared<'_> {
 
     /// Reads: the local block must hold the target's pattern. Writes: the block is read
     /// back from the target and must hold the pattern that was written.
-    fn verify(&self, offsets: &[usize], scratch: &mut [u8], read_back: Option<&OwnedBuffer>) -> Result<(), String> {
+    fn verify(
+        &self,
+        offsets: &[usize],
+        scratch: &mut [u8],
+        read_back: Option<&OwnedBuffer>,
+    ) -> Result<(), String> {
         for &offset in offsets {
             match read_back {
-                None => self.local.read_at(offset, scratch).map_err(|e| e.to_string())?,
+                None => self
+                    .local
+                    .read_at(offset, scratch)
+                    .map_err(|e| e.to_string())?,
                 Some(verify_buf) => {
                     self.engine
                         .transfer_sync(TransferRequest::read(
@@ -431,7 +451,9 @@ fn run_loopback(args: &Args) -> Result<(), String> {
             initiator.local_server_name = Some("127.0.0.1".into());
             run_initiator(&initiator, segment)
         }
-        None => Err("the target process did not start (run it with --mode=target to see why)".into()),
+        None => {
+            Err("the target process did not start (run it with --mode=target to see why)".into())
+        }
     };
     drop(child.stdin.take());
     let _ = child.wait();
@@ -449,7 +471,11 @@ fn unit_scale(unit: &str) -> Result<f64, String> {
         "KB" => 1e3,
         "KiB" => 1024.0,
         "Kb" => 1e3 / 8.0,
-        other => return Err(format!("--report_unit {other:?} is not one of GB GiB Gb MB MiB Mb KB KiB Kb")),
+        other => {
+            return Err(format!(
+                "--report_unit {other:?} is not one of GB GiB Gb MB MiB Mb KB KiB Kb"
+            ));
+        }
     })
 }
 

@@ -110,7 +110,9 @@ impl BatchInner {
                 Err(now) => current = now,
             }
         }
-        if self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1 || self.waiters.load(Ordering::SeqCst) > 0 {
+        if self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1
+            || self.waiters.load(Ordering::SeqCst) > 0
+        {
             let _guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.wake.notify_all();
         }
@@ -254,7 +256,9 @@ impl BatchInner {
                 break;
             }
             let wake_at = self.deadline().map_or(until, |d| d.min(until));
-            let nap = wake_at.saturating_duration_since(now).max(Duration::from_micros(100));
+            let nap = wake_at
+                .saturating_duration_since(now)
+                .max(Duration::from_micros(100));
             let guard = self
                 .wake
                 .wait_timeout(guard, nap)
@@ -379,10 +383,16 @@ mod tests {
         let b = SliceCompletion::new(batch.clone(), 0);
         let c = SliceCompletion::new(batch.clone(), 1);
         a.succeed(10);
-        assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Pending);
+        assert_eq!(
+            batch.task_status(0).unwrap().status,
+            TransferStatus::Pending
+        );
         b.succeed(5);
         let done = batch.task_status(0).unwrap();
-        assert_eq!((done.status, done.transferred_bytes), (TransferStatus::Completed, 15));
+        assert_eq!(
+            (done.status, done.transferred_bytes),
+            (TransferStatus::Completed, 15)
+        );
         assert_eq!(batch.status().state, BatchState::Pending);
         drop(c);
         assert!(matches!(
@@ -399,7 +409,11 @@ mod tests {
         batch.reserve(2).unwrap();
         assert!(matches!(
             batch.reserve(2),
-            Err(EngineError::TooManyRequests { capacity: 3, room: 1, requested: 2 })
+            Err(EngineError::TooManyRequests {
+                capacity: 3,
+                room: 1,
+                requested: 2
+            })
         ));
         assert_eq!(batch.reserve(1).unwrap(), 2);
     }
@@ -411,11 +425,17 @@ mod tests {
         batch.start_task(0, 1);
         batch.publish(1);
         let late = SliceCompletion::new(batch.clone(), 0);
-        assert!(matches!(batch.mark_freed(), Err(EngineError::BatchBusy { pending: 1 })));
+        assert!(matches!(
+            batch.mark_freed(),
+            Err(EngineError::BatchBusy { pending: 1 })
+        ));
         assert_eq!(batch.cancel(), 1);
         assert!(!late.live());
         late.succeed(100);
-        assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Canceled);
+        assert_eq!(
+            batch.task_status(0).unwrap().status,
+            TransferStatus::Canceled
+        );
         batch.mark_freed().unwrap();
         assert!(matches!(batch.reserve(1), Err(EngineError::BatchFreed)));
     }
@@ -429,7 +449,10 @@ mod tests {
         batch.set_deadline(Some(Instant::now() + Duration::from_millis(30)));
         let status = batch.wait(Duration::from_secs(30));
         assert_eq!(status.state, BatchState::Failed);
-        assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Timeout);
+        assert_eq!(
+            batch.task_status(0).unwrap().status,
+            TransferStatus::Timeout
+        );
     }
 
     #[test]

@@ -39,13 +39,20 @@ pub struct ConformanceFailure {
 
 impl std::fmt::Display for ConformanceFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "conformance check {:?} failed: {}", self.check, self.message)
+        write!(
+            f,
+            "conformance check {:?} failed: {}",
+            self.check, self.message
+        )
     }
 }
 
 impl std::error::Error for ConformanceFailure {}
 
 type Check = Result<(), String>;
+
+/// One named check of the suite.
+type NamedCheck = (&'static str, fn(EngineFactory<'_>) -> Check);
 
 macro_rules! ensure {
     ($cond:expr, $($msg:tt)+) => {
@@ -61,7 +68,7 @@ fn err<E: std::fmt::Display>(context: &str) -> impl FnOnce(E) -> String + '_ {
 
 /// Every check, in order; stops at the first failure.
 pub fn run_all(make: EngineFactory<'_>) -> Result<(), ConformanceFailure> {
-    let checks: [(&'static str, fn(EngineFactory<'_>) -> Check); 7] = [
+    let checks: [NamedCheck; 7] = [
         ("read_write_sizes", read_write_sizes),
         ("many_tasks", many_tasks),
         ("bad_requests", bad_requests),
@@ -89,7 +96,9 @@ fn fill(buffer: &OwnedBuffer, offset: usize, len: usize, seed: u64) -> Check {
 
 fn check_pattern(buffer: &OwnedBuffer, offset: usize, len: usize, seed: u64, what: &str) -> Check {
     let mut bytes = vec![0u8; len];
-    buffer.read_at(offset, &mut bytes).map_err(err("read back"))?;
+    buffer
+        .read_at(offset, &mut bytes)
+        .map_err(err("read back"))?;
     if let Some(i) = (0..len).find(|&i| bytes[i] != pattern_byte(seed, i)) {
         return Err(format!("{what}: byte {i} of {len} differs"));
     }
@@ -104,7 +113,9 @@ struct Pair {
 
 fn pair(make: EngineFactory<'_>) -> Result<Pair, String> {
     let target = make().build().map_err(err("building the target engine"))?;
-    let initiator = make().build().map_err(err("building the initiator engine"))?;
+    let initiator = make()
+        .build()
+        .map_err(err("building the initiator engine"))?;
     let peer = initiator
         .open_segment(target.segment_name())
         .map_err(err("opening the target segment"))?;
@@ -133,8 +144,12 @@ pub fn read_write_sizes(make: EngineFactory<'_>) -> Check {
         peer,
     } = pair(make)?;
     let span = (64 << 20) + 4096;
-    let local = initiator.allocate(span, "cpu:0").map_err(err("allocate local"))?;
-    let remote = target.allocate(span, "cpu:0").map_err(err("allocate remote"))?;
+    let local = initiator
+        .allocate(span, "cpu:0")
+        .map_err(err("allocate local"))?;
+    let remote = target
+        .allocate(span, "cpu:0")
+        .map_err(err("allocate remote"))?;
     for (round, &len) in [1usize, 4096, 4099, 65536, 1 << 20, 3 << 20, 64 << 20]
         .iter()
         .enumerate()
@@ -144,18 +159,34 @@ pub fn read_write_sizes(make: EngineFactory<'_>) -> Check {
         fill(&local, local_off, len, seed)?;
         let status = run_one(
             &initiator,
-            TransferRequest::write(local.addr() + local_off, peer, (remote.addr() + remote_off) as u64, len),
+            TransferRequest::write(
+                local.addr() + local_off,
+                peer,
+                (remote.addr() + remote_off) as u64,
+                len,
+            ),
         )?;
-        ensure!(status == TransferStatus::Completed, "write of {len} B ended {status}");
+        ensure!(
+            status == TransferStatus::Completed,
+            "write of {len} B ended {status}"
+        );
         check_pattern(&remote, remote_off, len, seed, &format!("write of {len} B"))?;
         local
             .write_at(local_off, &vec![0u8; len])
             .map_err(err("clear"))?;
         let status = run_one(
             &initiator,
-            TransferRequest::read(local.addr() + local_off, peer, (remote.addr() + remote_off) as u64, len),
+            TransferRequest::read(
+                local.addr() + local_off,
+                peer,
+                (remote.addr() + remote_off) as u64,
+                len,
+            ),
         )?;
-        ensure!(status == TransferStatus::Completed, "read of {len} B ended {status}");
+        ensure!(
+            status == TransferStatus::Completed,
+            "read of {len} B ended {status}"
+        );
         check_pattern(&local, local_off, len, seed, &format!("read of {len} B"))?;
     }
     Ok(())
@@ -170,20 +201,36 @@ pub fn many_tasks(make: EngineFactory<'_>) -> Check {
     } = pair(make)?;
     const TASKS: usize = 256;
     const BLOCK: usize = 4096 + 17;
-    let local = initiator.allocate(TASKS * BLOCK, "cpu:0").map_err(err("allocate"))?;
-    let remote = target.allocate(TASKS * BLOCK, "cpu:0").map_err(err("allocate"))?;
+    let local = initiator
+        .allocate(TASKS * BLOCK, "cpu:0")
+        .map_err(err("allocate"))?;
+    let remote = target
+        .allocate(TASKS * BLOCK, "cpu:0")
+        .map_err(err("allocate"))?;
     let mut requests = Vec::with_capacity(TASKS);
     for task in 0..TASKS {
         let offset = task * BLOCK;
         if task % 2 == 0 {
             fill(&local, offset, BLOCK, task as u64)?;
-            requests.push(TransferRequest::write(local.addr() + offset, peer, (remote.addr() + offset) as u64, BLOCK));
+            requests.push(TransferRequest::write(
+                local.addr() + offset,
+                peer,
+                (remote.addr() + offset) as u64,
+                BLOCK,
+            ));
         } else {
             fill(&remote, offset, BLOCK, task as u64)?;
-            requests.push(TransferRequest::read(local.addr() + offset, peer, (remote.addr() + offset) as u64, BLOCK));
+            requests.push(TransferRequest::read(
+                local.addr() + offset,
+                peer,
+                (remote.addr() + offset) as u64,
+                BLOCK,
+            ));
         }
     }
-    let batch = initiator.allocate_batch(TASKS).map_err(err("allocate_batch"))?;
+    let batch = initiator
+        .allocate_batch(TASKS)
+        .map_err(err("allocate_batch"))?;
     initiator.submit(&batch, &requests).map_err(err("submit"))?;
     let status = batch.wait(Duration::from_secs(60));
     ensure!(
@@ -198,7 +245,13 @@ pub fn many_tasks(make: EngineFactory<'_>) -> Check {
     );
     for task in 0..TASKS {
         let holder = if task % 2 == 0 { &remote } else { &local };
-        check_pattern(holder, task * BLOCK, BLOCK, task as u64, &format!("task {task}"))?;
+        check_pattern(
+            holder,
+            task * BLOCK,
+            BLOCK,
+            task as u64,
+            &format!("task {task}"),
+        )?;
     }
     initiator.free_batch(&batch).map_err(err("free_batch"))?;
     ensure!(
@@ -216,7 +269,9 @@ pub fn bad_requests(make: EngineFactory<'_>) -> Check {
         target,
         peer,
     } = pair(make)?;
-    let local = initiator.allocate(1 << 16, "cpu:0").map_err(err("allocate"))?;
+    let local = initiator
+        .allocate(1 << 16, "cpu:0")
+        .map_err(err("allocate"))?;
     let remote = target.allocate(1 << 16, "cpu:0").map_err(err("allocate"))?;
     let remote_addr = remote.addr() as u64;
     let unregistered = vec![0u8; 4096];
@@ -229,7 +284,9 @@ pub fn bad_requests(make: EngineFactory<'_>) -> Check {
         TransferRequest::read(local.addr(), SegmentId(u64::MAX), remote_addr, 16),
         TransferRequest::write(local.addr(), peer, remote_addr, 4096),
     ];
-    let batch = initiator.allocate_batch(requests.len()).map_err(err("allocate_batch"))?;
+    let batch = initiator
+        .allocate_batch(requests.len())
+        .map_err(err("allocate_batch"))?;
     ensure!(
         matches!(
             initiator.submit(&batch, &[requests[6]; 8]),
@@ -239,7 +296,10 @@ pub fn bad_requests(make: EngineFactory<'_>) -> Check {
     );
     initiator.submit(&batch, &requests).map_err(err("submit"))?;
     let status = batch.wait(Duration::from_secs(60));
-    ensure!(status.failed == 6 && status.completed == 1, "batch ended {status:?}");
+    ensure!(
+        status.failed == 6 && status.completed == 1,
+        "batch ended {status:?}"
+    );
     let reason = |task: usize| batch.task_status(task).map(|s| s.status);
     ensure!(
         reason(0) == Some(TransferStatus::Failed(TransferError::ZeroLength)),
@@ -248,24 +308,41 @@ pub fn bad_requests(make: EngineFactory<'_>) -> Check {
     );
     for task in [1, 2] {
         ensure!(
-            matches!(reason(task), Some(TransferStatus::Failed(TransferError::SourceNotRegistered { .. }))),
+            matches!(
+                reason(task),
+                Some(TransferStatus::Failed(
+                    TransferError::SourceNotRegistered { .. }
+                ))
+            ),
             "task {task}: {:?}",
             reason(task)
         );
     }
     for task in [3, 4] {
         ensure!(
-            matches!(reason(task), Some(TransferStatus::Failed(TransferError::TargetOutOfRange { .. }))),
+            matches!(
+                reason(task),
+                Some(TransferStatus::Failed(
+                    TransferError::TargetOutOfRange { .. }
+                ))
+            ),
             "task {task}: {:?}",
             reason(task)
         );
     }
     ensure!(
-        matches!(reason(5), Some(TransferStatus::Failed(TransferError::UnknownSegment(_)))),
+        matches!(
+            reason(5),
+            Some(TransferStatus::Failed(TransferError::UnknownSegment(_)))
+        ),
         "unknown segment: {:?}",
         reason(5)
     );
-    ensure!(reason(6) == Some(TransferStatus::Completed), "valid request: {:?}", reason(6));
+    ensure!(
+        reason(6) == Some(TransferStatus::Completed),
+        "valid request: {:?}",
+        reason(6)
+    );
     Ok(())
 }
 
@@ -277,7 +354,9 @@ pub fn stale_range_rejected_by_peer(make: EngineFactory<'_>) -> Check {
         target,
         peer,
     } = pair(make)?;
-    let local = initiator.allocate(1 << 20, "cpu:0").map_err(err("allocate"))?;
+    let local = initiator
+        .allocate(1 << 20, "cpu:0")
+        .map_err(err("allocate"))?;
     let kept = target.allocate(1 << 20, "cpu:0").map_err(err("allocate"))?;
     let dropped = target.allocate(1 << 20, "cpu:0").map_err(err("allocate"))?;
     let dropped_addr = dropped.addr() as u64;
@@ -289,14 +368,23 @@ pub fn stale_range_rejected_by_peer(make: EngineFactory<'_>) -> Check {
     ] {
         let status = run_one(&initiator, request)?;
         ensure!(
-            matches!(status, TransferStatus::Failed(TransferError::RemoteRejected { .. })),
+            matches!(
+                status,
+                TransferStatus::Failed(TransferError::RemoteRejected { .. })
+            ),
             "{:?} into an unregistered range ended {status}",
             request.opcode
         );
     }
     fill(&local, 0, 4096, 7)?;
-    let status = run_one(&initiator, TransferRequest::write(local.addr(), peer, kept.addr() as u64, 4096))?;
-    ensure!(status == TransferStatus::Completed, "transfer after a rejection ended {status}");
+    let status = run_one(
+        &initiator,
+        TransferRequest::write(local.addr(), peer, kept.addr() as u64, 4096),
+    )?;
+    ensure!(
+        status == TransferStatus::Completed,
+        "transfer after a rejection ended {status}"
+    );
     check_pattern(&kept, 0, 4096, 7, "after rejection")
 }
 
@@ -304,14 +392,22 @@ pub fn stale_range_rejected_by_peer(make: EngineFactory<'_>) -> Check {
 pub fn local_segment(make: EngineFactory<'_>) -> Check {
     let engine = make().build().map_err(err("build"))?;
     ensure!(
-        engine.open_segment(engine.segment_name()).map_err(err("open own segment"))? == SegmentId::LOCAL,
+        engine
+            .open_segment(engine.segment_name())
+            .map_err(err("open own segment"))?
+            == SegmentId::LOCAL,
         "own segment is not LOCAL"
     );
     let a = engine.allocate(1 << 16, "cpu:0").map_err(err("allocate"))?;
     let b = engine.allocate(1 << 16, "cpu:0").map_err(err("allocate"))?;
     fill(&a, 0, 1 << 16, 42)?;
     let moved = engine
-        .transfer_sync(TransferRequest::write(a.addr(), SegmentId::LOCAL, b.addr() as u64, 1 << 16))
+        .transfer_sync(TransferRequest::write(
+            a.addr(),
+            SegmentId::LOCAL,
+            b.addr() as u64,
+            1 << 16,
+        ))
         .map_err(err("local write"))?;
     ensure!(moved == 1 << 16, "moved {moved} bytes");
     check_pattern(&b, 0, 1 << 16, 42, "local write")
@@ -330,10 +426,15 @@ pub fn notify(make: EngineFactory<'_>) -> Check {
     initiator.probe(peer).map_err(err("probe"))?;
     let received = target.get_notifies();
     ensure!(
-        received.len() == 1 && received[0].name == "kv-ready" && received[0].notify_msg == "layer 7",
+        received.len() == 1
+            && received[0].name == "kv-ready"
+            && received[0].notify_msg == "layer 7",
         "received {received:?}"
     );
-    ensure!(target.get_notifies().is_empty(), "notifies were not drained");
+    ensure!(
+        target.get_notifies().is_empty(),
+        "notifies were not drained"
+    );
     Ok(())
 }
 
@@ -344,15 +445,23 @@ pub fn peer_gone(make: EngineFactory<'_>) -> Check {
         target,
         peer,
     } = pair(make)?;
-    let local = initiator.allocate(1 << 20, "cpu:0").map_err(err("allocate"))?;
+    let local = initiator
+        .allocate(1 << 20, "cpu:0")
+        .map_err(err("allocate"))?;
     let remote = target.allocate(1 << 20, "cpu:0").map_err(err("allocate"))?;
     let remote_addr = remote.addr();
     initiator.refresh_segment(peer).map_err(err("refresh"))?;
     drop(target);
     let started = Instant::now();
-    let status = run_one(&initiator, TransferRequest::write(local.addr(), peer, remote_addr as u64, 1 << 20))?;
+    let status = run_one(
+        &initiator,
+        TransferRequest::write(local.addr(), peer, remote_addr as u64, 1 << 20),
+    )?;
     ensure!(
-        matches!(status, TransferStatus::Failed(TransferError::Connection { .. })),
+        matches!(
+            status,
+            TransferStatus::Failed(TransferError::Connection { .. })
+        ),
         "transfer to a dead peer ended {status}"
     );
     ensure!(

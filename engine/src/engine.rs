@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use tern_memreg::{
-    AlignedBuffer, MemoryError, MemoryRegistry, PretouchPolicy, RegisterRaw, Region, RegionInfo,
-    RegionPin,
+    AlignedBuffer, MemoryError, MemoryRegistry, PretouchPolicy, Region, RegionInfo, RegionPin,
+    RegisterRaw,
 };
 use tern_metadata::net::{self, PortChoice};
 use tern_metadata::rpc::{self, RpcClientConfig, RpcError, RpcServer, RpcServerConfig, RpcType};
@@ -44,7 +44,14 @@ impl std::fmt::Debug for TransferEngineBuilder {
         f.debug_struct("TransferEngineBuilder")
             .field("local_server_name", &self.local_server_name)
             .field("metadata", &self.metadata)
-            .field("transports", &self.transports.iter().map(|t| t.protocol()).collect::<Vec<_>>())
+            .field(
+                "transports",
+                &self
+                    .transports
+                    .iter()
+                    .map(|t| t.protocol())
+                    .collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -123,7 +130,9 @@ impl TransferEngineBuilder {
     /// Starts the handshake RPC server and the transports, and publishes this node.
     pub fn build(self) -> Result<TransferEngine, EngineError> {
         if self.transports.is_empty() {
-            return Err(EngineError::InvalidArgument("install at least one transport".into()));
+            return Err(EngineError::InvalidArgument(
+                "install at least one transport".into(),
+            ));
         }
         let store: Box<dyn MetadataStore> = match MetadataConn::parse(&self.metadata)? {
             MetadataConn::P2pHandshake => Box::new(P2pStore::new(self.rpc_client.clone())),
@@ -140,10 +149,12 @@ impl TransferEngineBuilder {
             .clone()
             .or_else(|| std::env::var(net::BIND_ADDRESS_ENV).ok());
         let requested_name = self.local_server_name.clone().unwrap_or_default();
-        let advertised_ip = net::advertised_ip(configured.as_deref(), &requested_name)
-            .map_err(|source| EngineError::Io {
-                context: "choosing the advertised address".into(),
-                source,
+        let advertised_ip =
+            net::advertised_ip(configured.as_deref(), &requested_name).map_err(|source| {
+                EngineError::Io {
+                    context: "choosing the advertised address".into(),
+                    source,
+                }
             })?;
         let local_server_name = if requested_name.is_empty() {
             advertised_ip.to_string()
@@ -324,11 +335,12 @@ impl TransferEngine {
     /// `location` (e.g. `cpu:0`, or `*`), and returns the buffer. Dropping it unregisters.
     pub fn allocate(&self, len: usize, location: &str) -> Result<OwnedBuffer, EngineError> {
         if len == 0 {
-            return Err(EngineError::InvalidArgument("allocate of zero bytes".into()));
+            return Err(EngineError::InvalidArgument(
+                "allocate of zero bytes".into(),
+            ));
         }
-        let mut buffer = AlignedBuffer::new(len).ok_or_else(|| {
-            EngineError::InvalidArgument(format!("cannot allocate {len} bytes"))
-        })?;
+        let mut buffer = AlignedBuffer::new(len)
+            .ok_or_else(|| EngineError::InvalidArgument(format!("cannot allocate {len} bytes")))?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = self
             .inner
@@ -408,7 +420,10 @@ impl TransferEngine {
             return Ok(());
         }
         let mut table = write(&self.inner.segments);
-        let peer = table.by_id.remove(&id).ok_or(EngineError::UnknownSegment(id))?;
+        let peer = table
+            .by_id
+            .remove(&id)
+            .ok_or(EngineError::UnknownSegment(id))?;
         table.by_name.remove(&peer.name);
         Ok(())
     }
@@ -448,7 +463,8 @@ impl TransferEngine {
         if let Some(timeout) = self.inner.transfer_timeout {
             batch_inner.set_deadline_if_unset(Instant::now() + timeout);
         }
-        let mut groups: Vec<Vec<Slice>> = self.inner.transports.iter().map(|_| Vec::new()).collect();
+        let mut groups: Vec<Vec<Slice>> =
+            self.inner.transports.iter().map(|_| Vec::new()).collect();
         let mut cached: Option<Arc<PeerSegment>> = None;
         let mut refreshed: Vec<SegmentId> = Vec::new();
         for (i, request) in requests.iter().enumerate() {
@@ -498,16 +514,18 @@ impl TransferEngine {
         if len == 0 {
             return Err(TransferError::ZeroLength);
         }
-        let local = self
-            .inner
-            .registry
-            .pin(request.source, len)
-            .map_err(|_| TransferError::SourceNotRegistered {
+        let local = self.inner.registry.pin(request.source, len).map_err(|_| {
+            TransferError::SourceNotRegistered {
                 addr: request.source,
                 len,
-            })?;
+            }
+        })?;
         let peer = peer.ok_or(TransferError::UnknownSegment(request.target))?;
-        if peer.desc.buffer_containing(request.target_offset, len as u64).is_none() {
+        if peer
+            .desc
+            .buffer_containing(request.target_offset, len as u64)
+            .is_none()
+        {
             return Err(TransferError::TargetOutOfRange {
                 segment: peer.name.clone(),
                 addr: request.target_offset,
@@ -547,7 +565,9 @@ impl TransferEngine {
         let wait_for = self
             .inner
             .transfer_timeout
-            .map_or(Duration::from_secs(u64::from(u32::MAX)), |t| t + Duration::from_secs(1));
+            .map_or(Duration::from_secs(u64::from(u32::MAX)), |t| {
+                t + Duration::from_secs(1)
+            });
         batch.wait(wait_for);
         let status = batch
             .task_status(0)
@@ -568,8 +588,15 @@ impl TransferEngine {
 
     /// Sends a small message to a segment's node over the handshake RPC; it shows up in the
     /// peer's [`TransferEngine::get_notifies`].
-    pub fn send_notify(&self, target: SegmentId, name: &str, message: &str) -> Result<(), EngineError> {
-        let peer = self.segment(target).ok_or(EngineError::UnknownSegment(target))?;
+    pub fn send_notify(
+        &self,
+        target: SegmentId,
+        name: &str,
+        message: &str,
+    ) -> Result<(), EngineError> {
+        let peer = self
+            .segment(target)
+            .ok_or(EngineError::UnknownSegment(target))?;
         let endpoint = peer.rpc.endpoint();
         let body = serde_json::to_vec(&Notify {
             name: name.to_owned(),
@@ -599,9 +626,16 @@ impl TransferEngine {
 
     /// Whether a segment's node answers a Probe RPC.
     pub fn probe(&self, target: SegmentId) -> Result<(), EngineError> {
-        let peer = self.segment(target).ok_or(EngineError::UnknownSegment(target))?;
-        rpc::call(&peer.rpc.endpoint(), RpcType::Probe, b"{}", &self.inner.rpc_client)
-            .map_err(MetadataError::from)?;
+        let peer = self
+            .segment(target)
+            .ok_or(EngineError::UnknownSegment(target))?;
+        rpc::call(
+            &peer.rpc.endpoint(),
+            RpcType::Probe,
+            b"{}",
+            &self.inner.rpc_client,
+        )
+        .map_err(MetadataError::from)?;
         Ok(())
     }
 
@@ -734,7 +768,11 @@ impl EngineInner {
     fn republish(&self) -> Result<(), EngineError> {
         let name = &self.segment_name;
         let mut desc = SegmentDesc::new(name.clone(), "");
-        desc.protocol = self.transports.iter().map(|t| t.protocol().to_owned()).collect();
+        desc.protocol = self
+            .transports
+            .iter()
+            .map(|t| t.protocol().to_owned())
+            .collect();
         for transport in &self.transports {
             transport.describe(&mut desc);
         }
@@ -785,7 +823,9 @@ fn handle_rpc(engine: &Weak<EngineInner>, ty: RpcType, body: &[u8]) -> Result<Ve
             let notify: Notify =
                 serde_json::from_value(json).map_err(|e| format!("malformed notify: {e}"))?;
             engine.push_notify(notify);
-            Ok(line(serde_json::json!({"name": "", "notify_msg": "success"})))
+            Ok(line(
+                serde_json::json!({"name": "", "notify_msg": "success"}),
+            ))
         }
         RpcType::Connection => Ok(line(serde_json::json!({
             "reply_msg": "no RDMA transport is installed on this node"

@@ -18,7 +18,9 @@ pub enum EngineError {
     InvalidArgument(String),
     /// More requests were submitted than the batch was allocated for; allocate a larger batch
     /// or submit into another.
-    #[error("batch of capacity {capacity} has room for {room} more request(s), {requested} submitted")]
+    #[error(
+        "batch of capacity {capacity} has room for {room} more request(s), {requested} submitted"
+    )]
     TooManyRequests {
         /// The batch's capacity.
         capacity: usize,

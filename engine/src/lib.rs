@@ -40,11 +40,10 @@ mod types;
 pub use batch::Batch;
 pub use engine::{OwnedBuffer, TRANSFER_TIMEOUT_ENV, TransferEngine, TransferEngineBuilder};
 pub use error::{EngineError, TransferError};
-pub use tern_memreg::{PretouchPolicy, RegisterRaw, Region, RegionInfo, RegionPin};
+pub use tern_memreg::{PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw};
 pub use tern_metadata::net::PortChoice;
 pub use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc};
 pub use transport::{PeerSegment, Slice, Transport, TransportContext, TransportError};
 pub use types::{
-    BatchState, BatchStatus, Notify, Opcode, SegmentId, TaskStatus, TransferRequest,
-    TransferStatus,
+    BatchState, BatchStatus, Notify, Opcode, SegmentId, TaskStatus, TransferRequest, TransferStatus,
 };

@@ -108,12 +108,20 @@ fn unregister_and_free_are_refused_while_a_task_is_in_flight() {
     engine
         .submit(
             &batch,
-            &[TransferRequest::write(base, SegmentId::LOCAL, target.addr() as u64, 10_000)],
+            &[TransferRequest::write(
+                base,
+                SegmentId::LOCAL,
+                target.addr() as u64,
+                10_000,
+            )],
         )
         .unwrap();
     let slices = transport.take();
     assert_eq!(slices.len(), 3, "10 000 bytes in 4 KiB slices");
-    assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Pending);
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Pending
+    );
     assert!(matches!(
         engine.unregister_memory(base),
         Err(EngineError::RegionInUse { .. })
@@ -125,7 +133,10 @@ fn unregister_and_free_are_refused_while_a_task_is_in_flight() {
     let mut slices = slices.into_iter();
     slices.next().unwrap().complete();
     slices.next().unwrap().complete();
-    assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Pending);
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Pending
+    );
     slices.next().unwrap().complete();
     let done = batch.task_status(0).unwrap();
     assert_eq!(
@@ -148,7 +159,10 @@ fn cancel_ends_tasks_and_memory_stays_pinned_until_slices_return() {
     let req = TransferRequest::read(base, SegmentId::LOCAL, base as u64 + 32768, 8192);
     engine.submit(&batch, &[req, req]).unwrap();
     assert_eq!(batch.cancel(), 2);
-    assert_eq!(batch.task_status(1).unwrap().status, TransferStatus::Canceled);
+    assert_eq!(
+        batch.task_status(1).unwrap().status,
+        TransferStatus::Canceled
+    );
     assert_eq!(batch.status().state, BatchState::Failed);
     engine.free_batch(&batch).unwrap();
     // The slices are still out there: the memory must not be released under them.
@@ -175,8 +189,12 @@ fn a_deadline_times_out_a_stuck_batch_and_wait_sleeps_until_then() {
         .unwrap();
     let buffer = engine.allocate(1 << 16, "cpu:0").unwrap();
     let batch = engine.allocate_batch(1).unwrap();
-    let request =
-        TransferRequest::write(buffer.addr(), SegmentId::LOCAL, buffer.addr() as u64 + 4096, 100);
+    let request = TransferRequest::write(
+        buffer.addr(),
+        SegmentId::LOCAL,
+        buffer.addr() as u64 + 4096,
+        100,
+    );
     engine.submit(&batch, &[request]).unwrap();
     let started = Instant::now();
     let status = batch.wait(Duration::from_secs(60));
@@ -185,7 +203,10 @@ fn a_deadline_times_out_a_stuck_batch_and_wait_sleeps_until_then() {
         "wait ignored the deadline"
     );
     assert_eq!(status.state, BatchState::Failed);
-    assert_eq!(batch.task_status(0).unwrap().status, TransferStatus::Timeout);
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Timeout
+    );
     let late = transport.take();
     assert!(late.iter().all(|s| !s.is_live()));
     assert!(matches!(
@@ -201,8 +222,12 @@ fn a_transport_that_drops_slices_fails_the_task_instead_of_hanging() {
     let (engine, transport) = engine();
     let buffer = engine.allocate(1 << 16, "cpu:0").unwrap();
     let batch = engine.allocate_batch(1).unwrap();
-    let request =
-        TransferRequest::write(buffer.addr(), SegmentId::LOCAL, buffer.addr() as u64 + 8192, 100);
+    let request = TransferRequest::write(
+        buffer.addr(),
+        SegmentId::LOCAL,
+        buffer.addr() as u64 + 8192,
+        100,
+    );
     engine.submit(&batch, &[request]).unwrap();
     drop(transport.take());
     assert!(matches!(
@@ -237,7 +262,11 @@ fn segments_open_close_and_reject_bad_names() {
     let (other, _) = self::engine();
     let id = engine.open_segment(other.segment_name()).unwrap();
     assert_ne!(id, SegmentId::LOCAL);
-    assert_eq!(engine.open_segment(other.segment_name()).unwrap(), id, "cached");
+    assert_eq!(
+        engine.open_segment(other.segment_name()).unwrap(),
+        id,
+        "cached"
+    );
     engine.close_segment(id).unwrap();
     assert!(matches!(
         engine.close_segment(id),
@@ -246,7 +275,10 @@ fn segments_open_close_and_reject_bad_names() {
     let buffer = engine.allocate(4096, "cpu:0").unwrap();
     let batch = engine.allocate_batch(1).unwrap();
     engine
-        .submit(&batch, &[TransferRequest::read(buffer.addr(), id, 4096, 16)])
+        .submit(
+            &batch,
+            &[TransferRequest::read(buffer.addr(), id, 4096, 16)],
+        )
         .unwrap();
     assert!(matches!(
         batch.task_status(0).unwrap().status,
@@ -264,14 +296,20 @@ fn segments_open_close_and_reject_bad_names() {
 
 #[test]
 fn error_codes_follow_mooncake() {
-    assert_eq!(EngineError::InvalidArgument(String::new()).mooncake_code(), -1);
+    assert_eq!(
+        EngineError::InvalidArgument(String::new()).mooncake_code(),
+        -1
+    );
     let too_many = EngineError::TooManyRequests {
         capacity: 1,
         room: 0,
         requested: 2,
     };
     assert_eq!(too_many.mooncake_code(), -2);
-    assert_eq!(EngineError::AddressNotRegistered { addr: 0 }.mooncake_code(), -3);
+    assert_eq!(
+        EngineError::AddressNotRegistered { addr: 0 }.mooncake_code(),
+        -3
+    );
     assert_eq!(EngineError::BatchBusy { pending: 1 }.mooncake_code(), -4);
     let overlap = EngineError::AddressOverlapped {
         addr: 0,

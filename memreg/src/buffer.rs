@@ -171,7 +171,11 @@ mod tests {
         assert!(buf.as_slice().iter().all(|&b| b == 0));
         buf.as_mut_slice()[3 * PAGE_SIZE + 4] = 7;
         buf.pretouch(3);
-        assert_eq!(buf.as_slice()[3 * PAGE_SIZE + 4], 7, "pre-touch keeps contents");
+        assert_eq!(
+            buf.as_slice()[3 * PAGE_SIZE + 4],
+            7,
+            "pre-touch keeps contents"
+        );
         assert!(AlignedBuffer::new(0).is_none());
         let huge_aligned = AlignedBuffer::with_alignment(10, 2 << 20).unwrap();
         assert_eq!(huge_aligned.addr() % (2 << 20), 0);
@@ -185,7 +189,10 @@ mod tests {
         assert_eq!(policy.threads_for((4 << 30) - 1, 8, 1), 0);
         assert_eq!(policy.threads_for(4 << 30, 2, 1), 0);
         assert_eq!(policy.threads_for(4 << 30, 8, 0), 0);
-        assert_eq!(PretouchPolicy::never().threads_for(usize::MAX - 1, 64, 8), 0);
+        assert_eq!(
+            PretouchPolicy::never().threads_for(usize::MAX - 1, 64, 8),
+            0
+        );
         assert_eq!(PretouchPolicy::always(2).threads_for(1, 8, 0), 2);
     }
 }

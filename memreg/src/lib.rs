@@ -17,6 +17,6 @@ mod buffer;
 mod map;
 mod region;
 
-pub use buffer::{AlignedBuffer, PretouchPolicy, PAGE_SIZE};
+pub use buffer::{AlignedBuffer, PAGE_SIZE, PretouchPolicy};
 pub use map::{MapError, RegionMap};
-pub use region::{MemoryError, MemoryRegistry, RegisterRaw, Region, RegionInfo, RegionPin};
+pub use region::{MemoryError, MemoryRegistry, Region, RegionInfo, RegionPin, RegisterRaw};

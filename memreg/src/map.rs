@@ -128,7 +128,10 @@ mod tests {
     #[test]
     fn insert_rejects_zero_length_and_overflow() {
         let mut map = RegionMap::new();
-        assert_eq!(map.insert(0x1000, 0, ()), Err(MapError::ZeroLength { start: 0x1000 }));
+        assert_eq!(
+            map.insert(0x1000, 0, ()),
+            Err(MapError::ZeroLength { start: 0x1000 })
+        );
         assert!(matches!(
             map.insert(usize::MAX - 1, 4, ()),
             Err(MapError::Overflow { .. })
@@ -165,7 +168,10 @@ mod tests {
         assert_eq!(map.find_containing(1000, 100).map(|r| *r.2), Some('a'));
         assert_eq!(map.find_containing(1099, 1).map(|r| *r.2), Some('a'));
         assert_eq!(map.find_containing(1100, 1).map(|r| *r.2), Some('b'));
-        assert!(map.find_containing(1050, 100).is_none(), "spans two regions");
+        assert!(
+            map.find_containing(1050, 100).is_none(),
+            "spans two regions"
+        );
         assert!(map.find_containing(999, 2).is_none());
         assert!(map.find_containing(1200, 1).is_none());
         assert!(map.find_containing(1000, 0).is_none());

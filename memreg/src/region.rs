@@ -310,7 +310,12 @@ impl RegionPin {
     }
 
     /// Fills `[addr, addr + len)` straight from `reader` (no staging copy).
-    pub fn read_exact_from(&self, addr: usize, len: usize, reader: &mut impl Read) -> io::Result<()> {
+    pub fn read_exact_from(
+        &self,
+        addr: usize,
+        len: usize,
+        reader: &mut impl Read,
+    ) -> io::Result<()> {
         let ptr = self.span_io(addr, len)?;
         // SAFETY: `span` checked the range lies inside the region; the pin keeps the region
         // registered, and registration (`Region::from_raw`'s contract, or ownership) keeps the
@@ -327,6 +332,35 @@ impl RegionPin {
         // confined to this call.
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
         writer.write_all(bytes)
+    }
+
+    /// Sends `prefix` and then `[addr, addr + len)` to `writer`, gathered into as few system
+    /// calls as the writer allows (a request header and its body in one packet).
+    pub fn write_prefixed_to(
+        &self,
+        prefix: &[u8],
+        addr: usize,
+        len: usize,
+        writer: &mut impl Write,
+    ) -> io::Result<()> {
+        let ptr = self.span_io(addr, len)?;
+        // SAFETY: as in `read_exact_from`: range checked, memory valid while pinned, slice
+        // confined to this call.
+        let body = unsafe { std::slice::from_raw_parts(ptr, len) };
+        let (mut head, mut body) = (prefix, body);
+        while !head.is_empty() || !body.is_empty() {
+            let written =
+                match writer.write_vectored(&[io::IoSlice::new(head), io::IoSlice::new(body)]) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+            let from_head = written.min(head.len());
+            head = &head[from_head..];
+            body = &body[written - from_head..];
+        }
+        Ok(())
     }
 
     /// Copies `dst.len()` bytes starting at `addr` out of the region.
@@ -385,7 +419,9 @@ impl MemoryRegistry {
     /// transfer touches the memory any more.
     pub fn unregister(&self, addr: usize) -> Result<Arc<Region>, MemoryError> {
         let mut removed = self.unregister_all(&[addr])?;
-        removed.pop().ok_or(MemoryError::NotRegistered { addr, len: 0 })
+        removed
+            .pop()
+            .ok_or(MemoryError::NotRegistered { addr, len: 0 })
     }
 
     /// Removes every region starting at one of `addrs`, or none: if any address is unknown or
@@ -525,7 +561,8 @@ mod tests {
         let mut sink = Vec::new();
         pin.write_all_to(base + 100, 5, &mut sink).unwrap();
         assert_eq!(sink, b"hello");
-        pin.read_exact_from(base + 4090, 6, &mut &b"world!"[..]).unwrap();
+        pin.read_exact_from(base + 4090, 6, &mut &b"world!"[..])
+            .unwrap();
         pin.copy_to_slice(base + 4090, &mut out).unwrap();
         assert_eq!(&out, b"world");
         assert!(matches!(

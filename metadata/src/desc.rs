@@ -51,7 +51,8 @@ pub struct BufferDesc {
 impl BufferDesc {
     /// Whether `[addr, addr + len)` lies wholly inside this buffer (overflow-checked).
     pub fn contains(&self, addr: u64, len: u64) -> bool {
-        let (Some(end), Some(buf_end)) = (addr.checked_add(len), self.addr.checked_add(self.length))
+        let (Some(end), Some(buf_end)) =
+            (addr.checked_add(len), self.addr.checked_add(self.length))
         else {
             return false;
         };
@@ -198,7 +199,10 @@ impl SegmentDesc {
                 return invalid(format!("device {i} has an empty name or gid"));
             }
         }
-        let keyed = self.protocol.iter().any(|p| KEYED_PROTOCOLS.contains(&p.as_str()));
+        let keyed = self
+            .protocol
+            .iter()
+            .any(|p| KEYED_PROTOCOLS.contains(&p.as_str()));
         for (i, buf) in self.buffers.iter().enumerate() {
             if buf.name.is_empty() {
                 return invalid(format!("buffer {i} has an empty name"));

@@ -40,7 +40,10 @@ mod tests {
         assert_eq!(segment_key(Some("c1"), "node01"), "mooncake/c1/ram/node01");
         assert_eq!(segment_key(Some(""), "node01"), "mooncake/ram/node01");
         assert_eq!(segment_key(None, "nvmeof/disk"), "mooncake/nvmeof/disk");
-        assert_eq!(rpc_meta_key(None, "10.0.0.1:1234"), "mooncake/rpc_meta/10.0.0.1:1234");
+        assert_eq!(
+            rpc_meta_key(None, "10.0.0.1:1234"),
+            "mooncake/rpc_meta/10.0.0.1:1234"
+        );
         assert_eq!(rpc_meta_key(Some("c"), "n"), "mooncake/c/rpc_meta/n");
     }
 }

@@ -144,7 +144,10 @@ mod tests {
         assert_eq!(host_part("node-a"), "node-a");
         assert_eq!(host_part("[::1]:80"), "::1");
         assert_eq!(host_part("::1"), "::1");
-        assert_eq!(split_host_port("127.0.0.1:15000"), Some(("127.0.0.1", 15000)));
+        assert_eq!(
+            split_host_port("127.0.0.1:15000"),
+            Some(("127.0.0.1", 15000))
+        );
         assert_eq!(split_host_port("node"), None);
         assert_eq!(split_host_port(":5"), None);
         assert_eq!(split_host_port("h:99999"), None);

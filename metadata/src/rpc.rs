@@ -5,12 +5,12 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::net::{bind_listener, PortChoice};
+use crate::net::{PortChoice, bind_listener};
 
 /// Default and minimum frame size limit (1 MiB), as in Mooncake.
 pub const DEFAULT_MAX_FRAME: usize = 1 << 20;
@@ -271,14 +271,22 @@ pub struct RpcServer {
 
 impl RpcServer {
     /// Binds on `ip` and serves `handler` on a background thread.
-    pub fn start(ip: IpAddr, config: RpcServerConfig, handler: Arc<dyn RpcHandler>) -> io::Result<Self> {
+    pub fn start(
+        ip: IpAddr,
+        config: RpcServerConfig,
+        handler: Arc<dyn RpcHandler>,
+    ) -> io::Result<Self> {
         let listener = bind_listener(ip, config.ports)?;
         Self::serve(listener, config, handler)
     }
 
     /// Serves `handler` on an already bound listener (`config.ports` is ignored), for callers
     /// that need the port before the handler exists.
-    pub fn serve(listener: TcpListener, config: RpcServerConfig, handler: Arc<dyn RpcHandler>) -> io::Result<Self> {
+    pub fn serve(
+        listener: TcpListener,
+        config: RpcServerConfig,
+        handler: Arc<dyn RpcHandler>,
+    ) -> io::Result<Self> {
         let local = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let acceptor = std::thread::Builder::new()
@@ -356,7 +364,12 @@ fn accept_loop(
     }
 }
 
-fn serve_connection(mut stream: TcpStream, handler: &dyn RpcHandler, max: usize, timeout: Duration) {
+fn serve_connection(
+    mut stream: TcpStream,
+    handler: &dyn RpcHandler,
+    max: usize,
+    timeout: Duration,
+) {
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
@@ -381,7 +394,9 @@ fn serve_connection(mut stream: TcpStream, handler: &dyn RpcHandler, max: usize,
             // Wait for the client to close first so its reply is never cut by a reset.
             let _ = stream.read(&mut [0u8; 1]);
         }
-        Err(reason) => tracing::warn!("handshake {ty:?} from {peer}: {reason}; dropping the connection"),
+        Err(reason) => {
+            tracing::warn!("handshake {ty:?} from {peer}: {reason}; dropping the connection")
+        }
     }
 }
 
@@ -403,12 +418,24 @@ mod tests {
         assert_eq!((ty, body.as_slice()), (RpcType::Connection, &b"{ }"[..]));
 
         let zero = 0u64.to_le_bytes();
-        assert!(matches!(read_frame(&mut &zero[..], 64), Err(FrameError::ZeroLength)));
+        assert!(matches!(
+            read_frame(&mut &zero[..], 64),
+            Err(FrameError::ZeroLength)
+        ));
         let absurd = u64::MAX.to_le_bytes();
-        assert!(matches!(read_frame(&mut &absurd[..], 64), Err(FrameError::TooLong { .. })));
+        assert!(matches!(
+            read_frame(&mut &absurd[..], 64),
+            Err(FrameError::TooLong { .. })
+        ));
         let unknown = [&2u64.to_le_bytes()[..], &[9, b'x']].concat();
-        assert!(matches!(read_frame(&mut &unknown[..], 64), Err(FrameError::UnknownType(9))));
+        assert!(matches!(
+            read_frame(&mut &unknown[..], 64),
+            Err(FrameError::UnknownType(9))
+        ));
         let truncated = [&10u64.to_le_bytes()[..], &[1, b'{']].concat();
-        assert!(matches!(read_frame(&mut &truncated[..], 64), Err(FrameError::Io(_))));
+        assert!(matches!(
+            read_frame(&mut &truncated[..], 64),
+            Err(FrameError::Io(_))
+        ));
     }
 }

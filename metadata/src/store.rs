@@ -162,8 +162,8 @@ impl MetadataStore for P2pStore {
     }
 
     fn rpc_meta(&self, server: &str) -> Result<RpcMeta, MetadataError> {
-        let (host, port) =
-            split_host_port(server).ok_or_else(|| MetadataError::BadSegmentName(server.to_owned()))?;
+        let (host, port) = split_host_port(server)
+            .ok_or_else(|| MetadataError::BadSegmentName(server.to_owned()))?;
         Ok(RpcMeta {
             ip_or_host_name: host.to_owned(),
             rpc_port: port,
@@ -177,7 +177,10 @@ mod tests {
 
     #[test]
     fn connection_strings_parse_as_mooncake_does() {
-        assert_eq!(MetadataConn::parse("P2PHANDSHAKE").unwrap(), MetadataConn::P2pHandshake);
+        assert_eq!(
+            MetadataConn::parse("P2PHANDSHAKE").unwrap(),
+            MetadataConn::P2pHandshake
+        );
         assert_eq!(
             MetadataConn::parse("etcd://h1:2379,h2:2379").unwrap(),
             MetadataConn::Etcd(vec!["h1:2379".into(), "h2:2379".into()])

@@ -68,21 +68,40 @@ fn reader_rejects_what_breaks_the_rules() {
         // zero length
         TCP.replace(r#""length":1073741824"#, r#""length":0"#),
         // wraps around
-        TCP.replace(r#""addr":140324754161664"#, r#""addr":18446744073709551615"#),
+        TCP.replace(
+            r#""addr":140324754161664"#,
+            r#""addr":18446744073709551615"#,
+        ),
         // empty buffer name
         TCP.replace(r#""name":"mc-target"}"#, r#""name":""}"#),
         // device without a gid
-        RDMA.replace(r#""gid":"00:00:00:00:00:00:00:00:00:00:ff:ff:0a:4d:00:01""#, r#""gid":"""#),
+        RDMA.replace(
+            r#""gid":"00:00:00:00:00:00:00:00:00:00:ff:ff:0a:4d:00:01""#,
+            r#""gid":"""#,
+        ),
         // empty segment name
-        TCP.replace(r#""name":"mc-target","protocol""#, r#""name":"","protocol""#),
+        TCP.replace(
+            r#""name":"mc-target","protocol""#,
+            r#""name":"","protocol""#,
+        ),
     ];
     for (i, case) in cases.iter().enumerate() {
         assert!(
-            matches!(SegmentDesc::from_json(case.as_bytes()), Err(DescriptorError::Invalid(_))),
+            matches!(
+                SegmentDesc::from_json(case.as_bytes()),
+                Err(DescriptorError::Invalid(_))
+            ),
             "case {i} accepted: {case}"
         );
     }
-    for garbage in ["", "{", "[]", "{\"name\":5}", "not json", "{\"buffers\":[]}"] {
+    for garbage in [
+        "",
+        "{",
+        "[]",
+        "{\"name\":5}",
+        "not json",
+        "{\"buffers\":[]}",
+    ] {
         assert!(
             matches!(
                 SegmentDesc::from_json(garbage.as_bytes()),

@@ -18,8 +18,9 @@ pub const PROTOCOL: &str = "rdma";
 /// remote-accessible buffer carrying one rkey per device.
 pub fn is_addressable(desc: &SegmentDesc) -> bool {
     desc.protocols().iter().any(|p| p == PROTOCOL)
-        && desc
-            .buffers
-            .iter()
-            .all(|b| b.rkey.as_ref().is_none_or(|k| k.is_empty() || k.len() == desc.devices.len()))
+        && desc.buffers.iter().all(|b| {
+            b.rkey
+                .as_ref()
+                .is_none_or(|k| k.is_empty() || k.len() == desc.devices.len())
+        })
 }

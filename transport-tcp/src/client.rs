@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use tern_engine::{Opcode, Slice, TransferError};
 
-use crate::wire::{Header, Status, OP_READ, OP_V2, OP_WRITE};
 use crate::TcpConfig;
+use crate::wire::{Header, OP_READ, OP_V2, OP_WRITE, Status};
 
 /// After a failed connect, further slices to the same peer fail at once for this long
 /// instead of each waiting for its own connect timeout.
@@ -74,32 +74,108 @@ impl Pool {
     }
 }
 
+/// Most slices one lane sends before reading their replies.
+const PIPELINE_SLICES: usize = 32;
+/// Most bytes one lane has in flight.
+const PIPELINE_BYTES: usize = 8 << 20;
+
 fn lane_loop(shared: &PoolShared, receiver: &Receiver<Slice>) {
     let mut connection: Option<TcpStream> = None;
-    while let Ok(slice) = receiver.recv() {
-        if shared.stop.load(Ordering::Acquire) {
-            slice.fail(TransferError::Dropped("TCP transport shut down".into()));
+    let mut last_used = Instant::now();
+    let mut group: Vec<Slice> = Vec::with_capacity(PIPELINE_SLICES);
+    while let Ok(first) = receiver.recv() {
+        let mut bytes = first.len;
+        group.push(first);
+        while group.len() < PIPELINE_SLICES && bytes < PIPELINE_BYTES {
+            match receiver.try_recv() {
+                Ok(slice) => {
+                    bytes += slice.len;
+                    group.push(slice);
+                }
+                Err(_) => break,
+            }
+        }
+        let mut live = Vec::with_capacity(group.len());
+        for slice in group.drain(..) {
+            if shared.stop.load(Ordering::Acquire) {
+                slice.fail(TransferError::Dropped("TCP transport shut down".into()));
+            } else if slice.is_live() {
+                live.push(slice);
+            } else {
+                slice.abandon();
+            }
+        }
+        if live.is_empty() {
             continue;
         }
-        if !slice.is_live() {
-            slice.abandon();
-            continue;
+        if connection.is_some()
+            && last_used.elapsed() > IDLE_CHECK
+            && !still_open(connection.as_ref())
+        {
+            connection = None;
         }
+        last_used = Instant::now();
         let stream = match connection.as_mut() {
             Some(stream) => stream,
             None => match shared.connect() {
                 Ok(stream) => connection.insert(stream),
                 Err(message) => {
-                    slice.fail(TransferError::Connection {
-                        peer: shared.endpoint.clone(),
-                        message,
-                    });
+                    for slice in live {
+                        slice.fail(TransferError::Connection {
+                            peer: shared.endpoint.clone(),
+                            message: message.clone(),
+                        });
+                    }
                     continue;
                 }
             },
         };
-        let v2 = shared.config.proto_version >= 2 && slice.peer.desc.tcp_proto_version >= 2;
-        match run(stream, &slice, v2) {
+        if !run_pipelined(shared, stream, live) {
+            connection = None;
+        }
+    }
+}
+
+/// A connection unused for longer than this is checked before reuse: the server may have
+/// closed it for idleness, and a request sent into a closed connection would fail.
+const IDLE_CHECK: Duration = Duration::from_millis(50);
+
+/// Whether the peer has not closed `stream` (nothing may be pending on it between requests).
+fn still_open(stream: Option<&TcpStream>) -> bool {
+    let Some(stream) = stream else {
+        return false;
+    };
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let alive =
+        matches!(stream.peek(&mut [0u8; 1]), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock);
+    alive && stream.set_nonblocking(false).is_ok()
+}
+
+/// Sends every request of `slices`, then takes the replies in order (the server answers a
+/// connection's requests one after another). Returns whether the connection is still good.
+fn run_pipelined(shared: &PoolShared, stream: &mut TcpStream, slices: Vec<Slice>) -> bool {
+    let v2 =
+        |slice: &Slice| shared.config.proto_version >= 2 && slice.peer.desc.tcp_proto_version >= 2;
+    let mut sent = 0;
+    let mut send_error = None;
+    for slice in &slices {
+        if let Err(e) = send_request(stream, slice, v2(slice)) {
+            send_error = Some(e);
+            break;
+        }
+        sent += 1;
+    }
+    let mut replies = slices.into_iter();
+    let connection_failed = |slice: Slice, e: &io::Error| {
+        slice.fail(TransferError::Connection {
+            peer: shared.endpoint.clone(),
+            message: format!("{e} (mid-transfer)"),
+        });
+    };
+    for slice in replies.by_ref().take(sent) {
+        match receive_reply(stream, &slice, v2(&slice)) {
             Ok(()) => slice.complete(),
             Err(Failure::Rejected) => {
                 let error = TransferError::RemoteRejected {
@@ -110,19 +186,27 @@ fn lane_loop(shared: &PoolShared, receiver: &Receiver<Slice>) {
                 slice.fail(error);
             }
             Err(Failure::Protocol(message)) => {
-                connection = None;
                 slice.fail(TransferError::Protocol {
                     peer: shared.endpoint.clone(),
                     message,
                 });
+                send_error = Some(io::Error::other("protocol error"));
+                break;
             }
             Err(Failure::Io(e)) => {
-                connection = None;
-                slice.fail(TransferError::Connection {
-                    peer: shared.endpoint.clone(),
-                    message: format!("{e} (mid-transfer)"),
-                });
+                connection_failed(slice, &e);
+                send_error = Some(e);
+                break;
             }
+        }
+    }
+    match send_error {
+        None => true,
+        Some(e) => {
+            for slice in replies {
+                connection_failed(slice, &e);
+            }
+            false
         }
     }
 }
@@ -130,13 +214,19 @@ fn lane_loop(shared: &PoolShared, receiver: &Receiver<Slice>) {
 impl PoolShared {
     fn connect(&self) -> Result<TcpStream, String> {
         {
-            let last = self.last_connect_failure.lock().unwrap_or_else(|p| p.into_inner());
+            let last = self
+                .last_connect_failure
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             if let Some((at, message)) = last.as_ref().filter(|(at, _)| at.elapsed() < FAST_FAIL) {
                 return Err(format!("{message} ({} ms ago)", at.elapsed().as_millis()));
             }
         }
         let result = self.try_connect();
-        let mut last = self.last_connect_failure.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self
+            .last_connect_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         match &result {
             Ok(_) => *last = None,
             Err(message) => *last = Some((Instant::now(), message.clone())),
@@ -179,7 +269,7 @@ impl From<io::Error> for Failure {
     }
 }
 
-fn run(stream: &mut TcpStream, slice: &Slice, v2: bool) -> Result<(), Failure> {
+fn send_request(stream: &mut TcpStream, slice: &Slice, v2: bool) -> io::Result<()> {
     let op = match slice.opcode {
         Opcode::Read => OP_READ,
         Opcode::Write => OP_WRITE,
@@ -188,21 +278,26 @@ fn run(stream: &mut TcpStream, slice: &Slice, v2: bool) -> Result<(), Failure> {
         size: slice.len as u64,
         addr: slice.remote_addr,
         opcode: if v2 { op | OP_V2 } else { op },
-    };
-    stream.write_all(&header.encode())?;
+    }
+    .encode();
     match slice.opcode {
         Opcode::Write => {
-            slice.local.write_all_to(slice.local_addr, slice.len, stream)?;
-            if v2 {
-                read_status(stream)?;
-            }
+            slice
+                .local
+                .write_prefixed_to(&header, slice.local_addr, slice.len, stream)
         }
-        Opcode::Read => {
-            if v2 {
-                read_status(stream)?;
-            }
-            slice.local.read_exact_from(slice.local_addr, slice.len, stream)?;
-        }
+        Opcode::Read => stream.write_all(&header),
+    }
+}
+
+fn receive_reply(stream: &mut TcpStream, slice: &Slice, v2: bool) -> Result<(), Failure> {
+    if v2 {
+        read_status(stream)?;
+    }
+    if slice.opcode == Opcode::Read {
+        slice
+            .local
+            .read_exact_from(slice.local_addr, slice.len, stream)?;
     }
     Ok(())
 }
@@ -213,6 +308,8 @@ fn read_status(stream: &mut TcpStream) -> Result<(), Failure> {
     match Status::decode(frame) {
         Ok(Status::Ok) => Ok(()),
         Ok(Status::AddressRejected) => Err(Failure::Rejected),
-        Err(raw) => Err(Failure::Protocol(format!("unknown status frame {raw:#018x}"))),
+        Err(raw) => Err(Failure::Protocol(format!(
+            "unknown status frame {raw:#018x}"
+        ))),
     }
 }

@@ -30,7 +30,7 @@ use tern_engine::{
     TransportError,
 };
 
-pub use wire::{Header, STATUS_MAGIC, Status, HEADER_LEN, OP_READ, OP_V2, OP_WRITE};
+pub use wire::{HEADER_LEN, Header, OP_READ, OP_V2, OP_WRITE, STATUS_MAGIC, Status};
 
 /// The protocol name published in descriptors.
 pub const PROTOCOL: &str = "tcp";
@@ -41,12 +41,21 @@ pub const PROTO_ENV: &str = "MC_TCP_PROTO";
 /// Environment variable with the number of connections per peer (as Mooncake's lanes).
 pub const LANES_ENV: &str = "MC_TCP_LANES_PER_PEER";
 
+/// One lane per core, at least 2 and at most 8: each lane is a thread that keeps one
+/// connection busy, and more lanes than cores only adds switching (measured on loopback).
+fn default_lanes() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 8)
+}
+
 /// Settings of the TCP transport.
 #[derive(Debug, Clone)]
 pub struct TcpConfig {
     /// Where the data listener binds (default: a free port in 15000–17000).
     pub ports: PortChoice,
-    /// Persistent connections per peer; slices are striped across them.
+    /// Persistent connections per peer; slices are striped across them, and each connection
+    /// pipelines several slices. Default: one per core, 2 to 8 (`MC_TCP_LANES_PER_PEER`).
     pub connections_per_peer: usize,
     /// Largest slice; a larger request is cut and striped.
     pub slice_size: usize,
@@ -68,7 +77,7 @@ impl Default for TcpConfig {
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|&n| (1..=64).contains(&n))
-            .unwrap_or(4);
+            .unwrap_or_else(default_lanes);
         let proto_version = match std::env::var(PROTO_ENV).as_deref().map(str::trim) {
             Ok("1") => 1,
             _ => 2,
@@ -150,7 +159,12 @@ impl Transport for TcpTransport {
             self.config.clone(),
             stop.clone(),
         )
-        .map_err(|e| TransportError(format!("binding the data port on {}: {e}", context.advertised_ip)))?;
+        .map_err(|e| {
+            TransportError(format!(
+                "binding the data port on {}: {e}",
+                context.advertised_ip
+            ))
+        })?;
         let running = Arc::new(Running {
             config: self.config.clone(),
             local: server.local_addr(),
@@ -187,13 +201,18 @@ impl Transport for TcpTransport {
     fn submit(&self, slices: Vec<Slice>) {
         let Some(running) = self.running.get() else {
             for slice in slices {
-                slice.fail(tern_engine::TransferError::Dropped("TCP transport not started".into()));
+                slice.fail(tern_engine::TransferError::Dropped(
+                    "TCP transport not started".into(),
+                ));
             }
             return;
         };
         let mut current: Option<((String, u16), Arc<client::Pool>)> = None;
         for slice in slices {
-            let key = (slice.peer.rpc.ip_or_host_name.clone(), slice.peer.desc.tcp_data_port);
+            let key = (
+                slice.peer.rpc.ip_or_host_name.clone(),
+                slice.peer.desc.tcp_data_port,
+            );
             let pool = match &current {
                 Some((k, pool)) if *k == key => pool.clone(),
                 _ => {
@@ -211,7 +230,11 @@ impl Transport for TcpTransport {
             return;
         };
         running.stop.store(true, Ordering::Release);
-        running.server.lock().unwrap_or_else(|p| p.into_inner()).take();
+        running
+            .server
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         let pools: Vec<_> = running
             .pools
             .lock()

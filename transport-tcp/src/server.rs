@@ -2,16 +2,16 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use tern_memreg::MemoryRegistry;
 use tern_metadata::net::bind_listener;
 use tern_metadata::rpc::wake_acceptor;
 
-use crate::wire::{Header, Status, HEADER_LEN, OP_READ, OP_WRITE};
 use crate::TcpConfig;
+use crate::wire::{HEADER_LEN, Header, OP_READ, OP_WRITE, Status};
 
 /// The body of a rejected write is read and thrown away to keep the stream in step, up to
 /// this size; a larger one closes the connection instead.
@@ -61,7 +61,12 @@ impl Drop for Server {
     }
 }
 
-fn accept_loop(listener: TcpListener, registry: Arc<MemoryRegistry>, config: TcpConfig, stop: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: TcpListener,
+    registry: Arc<MemoryRegistry>,
+    config: TcpConfig,
+    stop: Arc<AtomicBool>,
+) {
     let active = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
@@ -75,11 +80,19 @@ fn accept_loop(listener: TcpListener, registry: Arc<MemoryRegistry>, config: Tcp
             }
         };
         if active.load(Ordering::Acquire) >= config.max_inbound {
-            tracing::warn!("tcp data server at {} connections; closing a new one", config.max_inbound);
+            tracing::warn!(
+                "tcp data server at {} connections; closing a new one",
+                config.max_inbound
+            );
             continue;
         }
         active.fetch_add(1, Ordering::AcqRel);
-        let (registry, config, stop, active) = (registry.clone(), config.clone(), stop.clone(), active.clone());
+        let (registry, config, stop, active) = (
+            registry.clone(),
+            config.clone(),
+            stop.clone(),
+            active.clone(),
+        );
         let spawned = std::thread::Builder::new()
             .name("tern-tcp-conn".into())
             .spawn(move || {
@@ -98,7 +111,12 @@ fn accept_loop(listener: TcpListener, registry: Arc<MemoryRegistry>, config: Tcp
 }
 
 /// Serves one connection until the peer closes it (`Ok`) or misbehaves (`Err(reason)`).
-fn serve(mut stream: TcpStream, registry: &MemoryRegistry, config: &TcpConfig, stop: &AtomicBool) -> Result<(), String> {
+fn serve(
+    mut stream: TcpStream,
+    registry: &MemoryRegistry,
+    config: &TcpConfig,
+    stop: &AtomicBool,
+) -> Result<(), String> {
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     stream
         .set_write_timeout(Some(config.io_timeout))
@@ -145,22 +163,40 @@ fn serve(mut stream: TcpStream, registry: &MemoryRegistry, config: &TcpConfig, s
                 }
             }
             (_, Err(reason)) if !header.is_v2() => {
-                return Err(format!("v1 request rejected ({reason}); v1 cannot signal it"));
+                return Err(format!(
+                    "v1 request rejected ({reason}); v1 cannot signal it"
+                ));
             }
             (OP_READ, Err(reason)) => {
-                tracing::debug!("rejecting read at {:#x}+{}: {reason}", header.addr, header.size);
-                stream.write_all(&Status::AddressRejected.encode()).map_err(io)?;
+                tracing::debug!(
+                    "rejecting read at {:#x}+{}: {reason}",
+                    header.addr,
+                    header.size
+                );
+                stream
+                    .write_all(&Status::AddressRejected.encode())
+                    .map_err(io)?;
             }
             (_, Err(reason)) => {
                 if header.size > MAX_DRAIN {
-                    return Err(format!("rejected write of {} bytes is too large to drain ({reason})", header.size));
+                    return Err(format!(
+                        "rejected write of {} bytes is too large to drain ({reason})",
+                        header.size
+                    ));
                 }
-                tracing::debug!("rejecting write at {:#x}+{}: {reason}", header.addr, header.size);
-                let drained = io::copy(&mut (&mut stream).take(header.size), &mut io::sink()).map_err(io)?;
+                tracing::debug!(
+                    "rejecting write at {:#x}+{}: {reason}",
+                    header.addr,
+                    header.size
+                );
+                let drained =
+                    io::copy(&mut (&mut stream).take(header.size), &mut io::sink()).map_err(io)?;
                 if drained != header.size {
                     return Err("peer closed during a rejected write".into());
                 }
-                stream.write_all(&Status::AddressRejected.encode()).map_err(io)?;
+                stream
+                    .write_all(&Status::AddressRejected.encode())
+                    .map_err(io)?;
             }
         }
     }
@@ -176,7 +212,12 @@ fn read_header(stream: &mut TcpStream) -> Result<Option<Header>, String> {
             Ok(0) => return Err(format!("truncated header ({filled} of {HEADER_LEN} bytes)")),
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Err(if filled == 0 {
                     "idle for too long".to_owned()
                 } else {

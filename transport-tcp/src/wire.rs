@@ -99,7 +99,10 @@ mod tests {
         };
         let bytes = header.encode();
         assert_eq!(&bytes[..8], &[2, 1, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(&bytes[8..16], &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]);
+        assert_eq!(
+            &bytes[8..16],
+            &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11]
+        );
         assert_eq!(bytes[16], 0x81);
         assert_eq!(&bytes[17..], &[0; 7]);
         assert_eq!(Header::decode(&bytes), header);
@@ -112,7 +115,10 @@ mod tests {
         let ok = Status::Ok.encode();
         assert_eq!(&ok[4..], b"VTCM");
         assert_eq!(&ok[..4], &[0, 0, 0, 0]);
-        assert_eq!(Status::decode(Status::AddressRejected.encode()), Ok(Status::AddressRejected));
+        assert_eq!(
+            Status::decode(Status::AddressRejected.encode()),
+            Ok(Status::AddressRejected)
+        );
         assert_eq!(Status::decode([1, 0, 0, 0, 0, 0, 0, 0]), Err(1));
     }
 }

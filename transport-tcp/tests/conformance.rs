@@ -33,13 +33,25 @@ fn tcp_v1_moves_bytes_in_order_on_one_connection() {
     let peer = initiator.open_segment(target.segment_name()).unwrap();
     let segment = initiator.segment(peer).unwrap();
     assert_eq!(segment.desc.tcp_proto_version, 1);
-    let data: Vec<u8> = (0..4 << 20).map(|i| conformance::pattern_byte(9, i)).collect();
+    let data: Vec<u8> = (0..4 << 20)
+        .map(|i| conformance::pattern_byte(9, i))
+        .collect();
     local.write_at(0, &data).unwrap();
     initiator
-        .transfer_sync(TransferRequest::write(local.addr(), peer, remote.addr() as u64, 4 << 20))
+        .transfer_sync(TransferRequest::write(
+            local.addr(),
+            peer,
+            remote.addr() as u64,
+            4 << 20,
+        ))
         .unwrap();
     initiator
-        .transfer_sync(TransferRequest::read(local.addr() + (4 << 20), peer, remote.addr() as u64, 4 << 20))
+        .transfer_sync(TransferRequest::read(
+            local.addr() + (4 << 20),
+            peer,
+            remote.addr() as u64,
+            4 << 20,
+        ))
         .unwrap();
     let mut back = vec![0u8; 4 << 20];
     local.read_at(4 << 20, &mut back).unwrap();

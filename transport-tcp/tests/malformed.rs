@@ -54,14 +54,26 @@ fn setup() -> Setup {
 impl Setup {
     /// A write and a read through the engine still work and move the right bytes.
     fn still_serves(&self, seed: u8) {
-        let data: Vec<u8> = (0..65536u32).map(|i| (i as u8).wrapping_mul(seed) ^ seed).collect();
+        let data: Vec<u8> = (0..65536u32)
+            .map(|i| (i as u8).wrapping_mul(seed) ^ seed)
+            .collect();
         self.local.write_at(0, &data).unwrap();
         let remote = self.remote.addr() as u64 + 4096;
         self.initiator
-            .transfer_sync(TransferRequest::write(self.local.addr(), self.peer, remote, 65536))
+            .transfer_sync(TransferRequest::write(
+                self.local.addr(),
+                self.peer,
+                remote,
+                65536,
+            ))
             .unwrap();
         self.initiator
-            .transfer_sync(TransferRequest::read(self.local.addr() + 65536, self.peer, remote, 65536))
+            .transfer_sync(TransferRequest::read(
+                self.local.addr() + 65536,
+                self.peer,
+                remote,
+                65536,
+            ))
             .unwrap();
         let mut back = vec![0u8; 65536];
         self.local.read_at(65536, &mut back).unwrap();
@@ -70,7 +82,9 @@ impl Setup {
 
     fn raw(&self) -> TcpStream {
         let stream = TcpStream::connect(("127.0.0.1", self.data_port)).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         stream
     }
 }
@@ -104,26 +118,34 @@ fn data_port_rejects_bad_ranges_and_keeps_the_connection() {
     let base = s.remote.addr() as u64;
     let mut conn = s.raw();
     // Absurd size: rejected, connection stays usable.
-    conn.write_all(&header(u64::MAX, base, OP_READ | OP_V2)).unwrap();
+    conn.write_all(&header(u64::MAX, base, OP_READ | OP_V2))
+        .unwrap();
     assert_eq!(status(&mut conn), STATUS_MAGIC | 1);
     // Address wrapping the address space.
-    conn.write_all(&header(16, u64::MAX - 4, OP_READ | OP_V2)).unwrap();
+    conn.write_all(&header(16, u64::MAX - 4, OP_READ | OP_V2))
+        .unwrap();
     assert_eq!(status(&mut conn), STATUS_MAGIC | 1);
     // Zero-length request.
     conn.write_all(&header(0, base, OP_READ | OP_V2)).unwrap();
     assert_eq!(status(&mut conn), STATUS_MAGIC | 1);
     // A write just past the end of the buffer: body drained, rejected, nothing written.
-    conn.write_all(&header(100, base + (1 << 20) - 50, OP_WRITE | OP_V2)).unwrap();
+    conn.write_all(&header(100, base + (1 << 20) - 50, OP_WRITE | OP_V2))
+        .unwrap();
     conn.write_all(&[0xEE; 100]).unwrap();
     assert_eq!(status(&mut conn), STATUS_MAGIC | 1);
     let mut tail = [0u8; 50];
     s.remote.read_at((1 << 20) - 50, &mut tail).unwrap();
-    assert!(tail.iter().all(|&b| b == 0), "a rejected write changed memory");
+    assert!(
+        tail.iter().all(|&b| b == 0),
+        "a rejected write changed memory"
+    );
     // The same connection then serves valid requests.
-    conn.write_all(&header(4, base + 8, OP_WRITE | OP_V2)).unwrap();
+    conn.write_all(&header(4, base + 8, OP_WRITE | OP_V2))
+        .unwrap();
     conn.write_all(b"tern").unwrap();
     assert_eq!(status(&mut conn), STATUS_MAGIC);
-    conn.write_all(&header(4, base + 8, OP_READ | OP_V2)).unwrap();
+    conn.write_all(&header(4, base + 8, OP_READ | OP_V2))
+        .unwrap();
     assert_eq!(status(&mut conn), STATUS_MAGIC);
     let mut word = [0u8; 4];
     conn.read_exact(&mut word).unwrap();
@@ -142,13 +164,20 @@ fn data_port_refuses_memory_that_is_not_remote_accessible() {
             .unwrap();
     }
     let mut conn = s.raw();
-    conn.write_all(&header(16, private.as_ptr() as u64, OP_READ | OP_V2)).unwrap();
+    conn.write_all(&header(16, private.as_ptr() as u64, OP_READ | OP_V2))
+        .unwrap();
     assert_eq!(status(&mut conn), STATUS_MAGIC | 1);
     assert!(
-        s.target.local_descriptor().buffers.iter().all(|b| b.addr != private.as_ptr() as u64),
+        s.target
+            .local_descriptor()
+            .buffers
+            .iter()
+            .all(|b| b.addr != private.as_ptr() as u64),
         "a private region was published"
     );
-    s.target.unregister_memory(private.as_ptr() as usize).unwrap();
+    s.target
+        .unregister_memory(private.as_ptr() as usize)
+        .unwrap();
     drop(private);
     s.still_serves(5);
 }
@@ -161,24 +190,32 @@ fn data_port_drops_malformed_connections_and_serves_the_rest() {
         ("unknown opcode", header(16, base, 0x85).to_vec()),
         ("garbage", b"GET / HTTP/1.1\r\nHost: tern\r\n\r\n".to_vec()),
         ("v1 request outside memory", header(16, 8, OP_READ).to_vec()),
-        ("huge rejected write", header(1 << 40, 8, OP_WRITE | OP_V2).to_vec()),
+        (
+            "huge rejected write",
+            header(1 << 40, 8, OP_WRITE | OP_V2).to_vec(),
+        ),
     ];
     for (what, bytes) in cases {
         let mut conn = s.raw();
         conn.write_all(&bytes).unwrap();
         let started = Instant::now();
         expect_closed(&mut conn);
-        assert!(started.elapsed() < Duration::from_secs(5), "{what}: slow to drop");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{what}: slow to drop"
+        );
         s.still_serves(what.len() as u8);
     }
     // Truncated header: the peer sends part of a header and goes away.
     let mut conn = s.raw();
-    conn.write_all(&header(16, base, OP_READ | OP_V2)[..10]).unwrap();
+    conn.write_all(&header(16, base, OP_READ | OP_V2)[..10])
+        .unwrap();
     drop(conn);
     s.still_serves(11);
     // A truncated write body: the peer dies mid-transfer.
     let mut conn = s.raw();
-    conn.write_all(&header(4096, base, OP_WRITE | OP_V2)).unwrap();
+    conn.write_all(&header(4096, base, OP_WRITE | OP_V2))
+        .unwrap();
     conn.write_all(&[1u8; 100]).unwrap();
     drop(conn);
     s.still_serves(13);
@@ -193,12 +230,16 @@ fn data_port_closes_silent_connections_after_the_idle_timeout() {
     let started = Instant::now();
     expect_closed(&mut silent);
     assert!(started.elapsed() < Duration::from_secs(8));
+    // The initiator's own pooled connections went idle too and were closed by the server;
+    // the initiator notices and reconnects instead of failing the next transfer.
+    std::thread::sleep(Duration::from_millis(700));
     s.still_serves(19);
 }
 
 fn rpc_raw(port: u16, bytes: &[u8]) -> Vec<u8> {
     let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
     conn.write_all(bytes).unwrap();
     let mut reply = Vec::new();
     match conn.read_to_end(&mut reply) {
@@ -227,7 +268,11 @@ fn golden_body(request_type: u8) -> String {
 fn rpc_replies_have_mooncakes_shape() {
     let s = setup();
     let port = s.target.rpc_port();
-    for (ty, request) in [(1u8, &b"{}"[..]), (3, b"{}"), (2, br#"{"name":"tern-probe","notify_msg":"hello"}"#)] {
+    for (ty, request) in [
+        (1u8, &b"{}"[..]),
+        (3, b"{}"),
+        (2, br#"{"name":"tern-probe","notify_msg":"hello"}"#),
+    ] {
         let reply = rpc_raw(port, &frame(ty, request));
         let len = u64::from_le_bytes(reply[..8].try_into().unwrap()) as usize;
         assert_eq!(len, reply.len() - 8, "length counts type byte and body");
@@ -242,7 +287,10 @@ fn rpc_replies_have_mooncakes_shape() {
             assert_eq!(ours.protocol, theirs.protocol);
             assert_eq!(ours.tcp_proto_version, theirs.tcp_proto_version);
             assert_eq!(ours.tcp_data_port, s.data_port);
-            assert_eq!(ours.buffers[0].name, ours.name, "TCP buffers carry the server name");
+            assert_eq!(
+                ours.buffers[0].name, ours.name,
+                "TCP buffers carry the server name"
+            );
             assert_eq!(ours.buffers[0].addr, s.remote.addr() as u64);
             let keys = |j: &str| {
                 let v: serde_json::Value = serde_json::from_str(j).unwrap();
@@ -264,7 +312,10 @@ fn rpc_port_drops_malformed_requests_and_serves_the_rest() {
     let port = s.target.rpc_port();
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("truncated length", vec![1, 2, 3]),
-        ("truncated body", [&100u64.to_le_bytes()[..], &[2, b'{']].concat()),
+        (
+            "truncated body",
+            [&100u64.to_le_bytes()[..], &[2, b'{']].concat(),
+        ),
         ("zero length", 0u64.to_le_bytes().to_vec()),
         ("absurd length", u64::MAX.to_le_bytes().to_vec()),
         ("unknown type", frame(9, b"{}")),
@@ -275,18 +326,28 @@ fn rpc_port_drops_malformed_requests_and_serves_the_rest() {
     for (what, bytes) in cases {
         let reply = rpc_raw(port, &bytes);
         assert!(reply.is_empty(), "{what}: got a reply {reply:?}");
-        s.initiator.probe(s.peer).unwrap_or_else(|e| panic!("after {what}: {e}"));
+        s.initiator
+            .probe(s.peer)
+            .unwrap_or_else(|e| panic!("after {what}: {e}"));
     }
-    assert!(s.target.get_notifies().is_empty(), "a malformed notify was queued");
+    assert!(
+        s.target.get_notifies().is_empty(),
+        "a malformed notify was queued"
+    );
     // A silent peer holds one connection; others are served meanwhile, and it is dropped.
     let mut silent = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    silent.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
     s.initiator.send_notify(s.peer, "n", "m").unwrap();
     let started = Instant::now();
     let mut sink = Vec::new();
     let _ = silent.read_to_end(&mut sink);
     assert!(sink.is_empty());
-    assert!(started.elapsed() < Duration::from_secs(14), "silent peer never dropped");
+    assert!(
+        started.elapsed() < Duration::from_secs(14),
+        "silent peer never dropped"
+    );
     assert_eq!(s.target.get_notifies().len(), 1);
     s.still_serves(23);
 }

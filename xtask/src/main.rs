@@ -36,21 +36,81 @@ enum Group {
 }
 
 const PACKAGES: &[Package] = &[
-    Package { name: "pkg-config", group: Group::Build, why: "finds libibverbs for rdma-sys" },
-    Package { name: "libibverbs-dev", group: Group::Build, why: "RDMA verbs headers (rdma-sys)" },
-    Package { name: "librdmacm-dev", group: Group::Build, why: "RDMA CM headers (rdma-sys)" },
-    Package { name: "libclang-dev", group: Group::Build, why: "bindgen in rdma-sys" },
-    Package { name: "protobuf-compiler", group: Group::Build, why: "protoc for etcd-client" },
-    Package { name: "etcd-server", group: Group::Services, why: "the etcd the tests start" },
-    Package { name: "etcd-client", group: Group::Services, why: "etcdctl, for people poking at it" },
-    Package { name: "iperf3", group: Group::Bench, why: "a second TCP loopback baseline" },
-    Package { name: "qemu-system-x86", group: Group::Guest, why: "boots the Soft-RoCE guest" },
-    Package { name: "ibverbs-providers", group: Group::Guest, why: "librxe inside the guest" },
-    Package { name: "ibverbs-utils", group: Group::Guest, why: "ibv_devinfo inside the guest" },
-    Package { name: "perftest", group: Group::Guest, why: "ib_write_bw baseline" },
-    Package { name: "iproute2", group: Group::Guest, why: "rdma link add" },
-    Package { name: "kmod", group: Group::Guest, why: "depmod/modprobe for the guest's modules" },
-    Package { name: "xz-utils", group: Group::Guest, why: "unpacks the guest kernel" },
+    Package {
+        name: "pkg-config",
+        group: Group::Build,
+        why: "finds libibverbs for rdma-sys",
+    },
+    Package {
+        name: "libibverbs-dev",
+        group: Group::Build,
+        why: "RDMA verbs headers (rdma-sys)",
+    },
+    Package {
+        name: "librdmacm-dev",
+        group: Group::Build,
+        why: "RDMA CM headers (rdma-sys)",
+    },
+    Package {
+        name: "libclang-dev",
+        group: Group::Build,
+        why: "bindgen in rdma-sys",
+    },
+    Package {
+        name: "protobuf-compiler",
+        group: Group::Build,
+        why: "protoc for etcd-client",
+    },
+    Package {
+        name: "etcd-server",
+        group: Group::Services,
+        why: "the etcd the tests start",
+    },
+    Package {
+        name: "etcd-client",
+        group: Group::Services,
+        why: "etcdctl, for people poking at it",
+    },
+    Package {
+        name: "iperf3",
+        group: Group::Bench,
+        why: "a second TCP loopback baseline",
+    },
+    Package {
+        name: "qemu-system-x86",
+        group: Group::Guest,
+        why: "boots the Soft-RoCE guest",
+    },
+    Package {
+        name: "ibverbs-providers",
+        group: Group::Guest,
+        why: "librxe inside the guest",
+    },
+    Package {
+        name: "ibverbs-utils",
+        group: Group::Guest,
+        why: "ibv_devinfo inside the guest",
+    },
+    Package {
+        name: "perftest",
+        group: Group::Guest,
+        why: "ib_write_bw baseline",
+    },
+    Package {
+        name: "iproute2",
+        group: Group::Guest,
+        why: "rdma link add",
+    },
+    Package {
+        name: "kmod",
+        group: Group::Guest,
+        why: "depmod/modprobe for the guest's modules",
+    },
+    Package {
+        name: "xz-utils",
+        group: Group::Guest,
+        why: "unpacks the guest kernel",
+    },
 ];
 
 fn main() -> ExitCode {
@@ -153,7 +213,14 @@ fn test(extra: &[String]) -> Result<(), String> {
     fmt.args(["fmt", "--all", "--check"]);
     run(fmt, "cargo fmt --check")?;
     let mut clippy = cargo();
-    clippy.args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
     run(clippy, "cargo clippy -D warnings")?;
     let mut doc = cargo();
     doc.args(["doc", "--workspace", "--no-deps"])
@@ -162,7 +229,10 @@ fn test(extra: &[String]) -> Result<(), String> {
     let mut tests = cargo();
     tests.args(["test", "--workspace"]).args(extra);
     run(tests, "cargo test --workspace")?;
-    eprintln!("xtask: all checks passed in {:.0} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "xtask: all checks passed in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -253,8 +323,12 @@ fn bench(args: &[String]) -> Result<(), String> {
     let after = tcp_baseline(duration.min(3.0))?;
     let baseline = (before + after) / 2.0;
 
-    println!("\nTCP loopback baseline (1 stream, 1 MiB writes): {before:.2} GB/s before, {after:.2} GB/s after, mean {baseline:.2} GB/s\n");
-    println!("| operation | block | threads | tern GB/s | p50 batch latency | ratio to baseline | goal |");
+    println!(
+        "\nTCP loopback baseline (1 stream, 1 MiB writes): {before:.2} GB/s before, {after:.2} GB/s after, mean {baseline:.2} GB/s\n"
+    );
+    println!(
+        "| operation | block | threads | tern GB/s | p50 batch latency | ratio to baseline | goal |"
+    );
     println!("|---|---|---|---|---|---|---|");
     for (op, block, gbps, p50, _) in &rows {
         let goal = if *block >= 1 << 20 { 0.8 } else { 0.6 };
