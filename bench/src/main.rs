@@ -111,6 +111,7 @@ fn run(args: &Args) -> Result<(), String> {
     if args.block_size == 0 || args.batch_size == 0 || args.threads == 0 {
         return Err("--block_size, --batch_size and --threads must be positive".into());
     }
+    unit_scale(&args.report_unit)?;
     if args.block_size > args.buffer_size {
         return Err("--block_size is larger than --buffer_size".into());
     }

@@ -2,9 +2,10 @@
 //! taking slices from the pool's queue, so slices stripe across connections.
 
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -20,6 +21,8 @@ const FAST_FAIL: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub(crate) struct Pool {
     sender: Mutex<Option<Sender<Slice>>>,
+    shared: Arc<PoolShared>,
+    lanes: Mutex<Vec<JoinHandle<()>>>,
 }
 
 #[derive(Debug)]
@@ -28,28 +31,42 @@ struct PoolShared {
     config: TcpConfig,
     stop: Arc<AtomicBool>,
     last_connect_failure: Mutex<Option<(Instant, String)>>,
+    /// A clone of each lane's current connection, so shutdown can cut I/O in progress.
+    open: Mutex<Vec<Option<TcpStream>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Pool {
     pub(crate) fn start(endpoint: String, config: TcpConfig, stop: Arc<AtomicBool>) -> Arc<Self> {
         let (sender, receiver) = crossbeam_channel::unbounded();
+        let lane_count = config_lanes(&config);
         let shared = Arc::new(PoolShared {
             endpoint,
             config,
             stop,
             last_connect_failure: Mutex::new(None),
+            open: Mutex::new((0..lane_count).map(|_| None).collect()),
         });
-        for lane in 0..shared.config.connections_per_peer.max(1) {
+        let mut lanes = Vec::new();
+        for lane in 0..lane_count {
             let (lane_shared, receiver) = (shared.clone(), receiver.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("tern-tcp-lane-{lane}"))
-                .spawn(move || lane_loop(&lane_shared, &receiver));
-            if let Err(e) = spawned {
-                tracing::warn!("cannot start TCP lane {lane} to {}: {e}", shared.endpoint);
+                .spawn(move || lane_loop(&lane_shared, lane, &receiver));
+            match spawned {
+                Ok(handle) => lanes.push(handle),
+                Err(e) => {
+                    tracing::warn!("cannot start TCP lane {lane} to {}: {e}", shared.endpoint)
+                }
             }
         }
         Arc::new(Self {
             sender: Mutex::new(Some(sender)),
+            shared,
+            lanes: Mutex::new(lanes),
         })
     }
 
@@ -67,10 +84,16 @@ impl Pool {
         }
     }
 
-    /// Stops taking slices; lanes finish what is queued (failing it, as the stop flag is set)
-    /// and exit.
+    /// Stops taking slices, cuts connections in use, fails what is queued (the stop flag is
+    /// set) and waits for the lanes, so no lane touches local memory once this returns.
     pub(crate) fn close(&self) {
-        self.sender.lock().unwrap_or_else(|p| p.into_inner()).take();
+        lock(&self.sender).take();
+        for stream in lock(&self.shared.open).iter().flatten() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        for lane in lock(&self.lanes).drain(..) {
+            let _ = lane.join();
+        }
     }
 }
 
@@ -79,7 +102,11 @@ const PIPELINE_SLICES: usize = 32;
 /// Most bytes one lane has in flight.
 const PIPELINE_BYTES: usize = 8 << 20;
 
-fn lane_loop(shared: &PoolShared, receiver: &Receiver<Slice>) {
+fn config_lanes(config: &TcpConfig) -> usize {
+    config.connections_per_peer.max(1)
+}
+
+fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Slice>) {
     let mut connection: Option<TcpStream> = None;
     let mut last_used = Instant::now();
     let mut group: Vec<Slice> = Vec::with_capacity(PIPELINE_SLICES);
@@ -118,7 +145,13 @@ fn lane_loop(shared: &PoolShared, receiver: &Receiver<Slice>) {
         let stream = match connection.as_mut() {
             Some(stream) => stream,
             None => match shared.connect() {
-                Ok(stream) => connection.insert(stream),
+                Ok(stream) => {
+                    lock(&shared.open)[lane] = stream.try_clone().ok();
+                    if shared.stop.load(Ordering::Acquire) {
+                        let _ = stream.shutdown(Shutdown::Both);
+                    }
+                    connection.insert(stream)
+                }
                 Err(message) => {
                     for slice in live {
                         slice.fail(TransferError::Connection {

@@ -1,9 +1,9 @@
 //! The data server: checks every request against registered memory, then moves the bytes.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use tern_memreg::MemoryRegistry;
@@ -61,6 +61,12 @@ impl Drop for Server {
     }
 }
 
+/// Inbound connections: a clone of each socket (to shut it down) and its thread.
+#[derive(Default)]
+struct Connections {
+    sockets: Mutex<Vec<(u64, TcpStream)>>,
+}
+
 fn accept_loop(
     listener: TcpListener,
     registry: Arc<MemoryRegistry>,
@@ -68,10 +74,14 @@ fn accept_loop(
     stop: Arc<AtomicBool>,
 ) {
     let active = Arc::new(AtomicUsize::new(0));
+    let connections = Arc::new(Connections::default());
+    let mut threads: Vec<JoinHandle<()>> = Vec::new();
+    let mut next_id = 0u64;
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
         }
+        threads.retain(|t| !t.is_finished());
         let stream = match conn {
             Ok(stream) => stream,
             Err(e) => {
@@ -86,12 +96,19 @@ fn accept_loop(
             );
             continue;
         }
+        let Ok(handle) = stream.try_clone() else {
+            continue;
+        };
+        next_id += 1;
+        let id = next_id;
+        lock(&connections.sockets).push((id, handle));
         active.fetch_add(1, Ordering::AcqRel);
-        let (registry, config, stop, active) = (
+        let (registry, config, stop, active, connections) = (
             registry.clone(),
             config.clone(),
             stop.clone(),
             active.clone(),
+            connections.clone(),
         );
         let spawned = std::thread::Builder::new()
             .name("tern-tcp-conn".into())
@@ -99,15 +116,31 @@ fn accept_loop(
                 let peer = stream
                     .peer_addr()
                     .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-                if let Err(reason) = serve(stream, &registry, &config, &stop) {
+                if let Err(reason) = serve(stream, &registry, &config, &stop)
+                    && !stop.load(Ordering::Acquire)
+                {
                     tracing::warn!("tcp data connection from {peer} dropped: {reason}");
                 }
+                lock(&connections.sockets).retain(|(other, _)| *other != id);
                 active.fetch_sub(1, Ordering::AcqRel);
             });
-        if let Err(e) = spawned {
-            tracing::warn!("tcp data server cannot spawn a thread: {e}");
+        match spawned {
+            Ok(thread) => threads.push(thread),
+            Err(e) => tracing::warn!("tcp data server cannot spawn a thread: {e}"),
         }
     }
+    // Stopping: cut every inbound connection and wait for its thread, so that no peer
+    // touches registered memory once the transport has shut down.
+    for (_, socket) in lock(&connections.sockets).iter() {
+        let _ = socket.shutdown(Shutdown::Both);
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Serves one connection until the peer closes it (`Ok`) or misbehaves (`Err(reason)`).

@@ -351,3 +351,27 @@ fn rpc_port_drops_malformed_requests_and_serves_the_rest() {
     assert_eq!(s.target.get_notifies().len(), 1);
     s.still_serves(23);
 }
+
+#[test]
+fn dropping_an_engine_cuts_its_inbound_connections() {
+    let s = setup();
+    let base = s.remote.addr() as u64;
+    let mut conn = s.raw();
+    conn.write_all(&header(4, base, OP_READ | OP_V2)).unwrap();
+    assert_eq!(status(&mut conn), STATUS_MAGIC);
+    let mut word = [0u8; 4];
+    conn.read_exact(&mut word).unwrap();
+    let Setup {
+        target, initiator, ..
+    } = s;
+    drop(initiator);
+    let started = Instant::now();
+    drop(target);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
+    // Once the engine is gone nobody may reach its memory through an old connection.
+    expect_closed(&mut conn);
+}

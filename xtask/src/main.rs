@@ -74,7 +74,7 @@ const PACKAGES: &[Package] = &[
     Package {
         name: "iperf3",
         group: Group::Bench,
-        why: "a second TCP loopback baseline",
+        why: "a TCP loopback baseline to compare by hand (iperf3 -s -B 127.0.0.1)",
     },
     Package {
         name: "qemu-system-x86",
@@ -279,6 +279,9 @@ fn json_number(json: &str, key: &str) -> Option<f64> {
 
 fn bench(args: &[String]) -> Result<(), String> {
     let quick = args.iter().any(|a| a == "--quick");
+    if let Err(e) = deps(&[Group::Bench]) {
+        eprintln!("xtask: going on without the optional bench packages: {e}");
+    }
     let duration = args
         .windows(2)
         .find(|w| w[0] == "--duration")
