@@ -8,8 +8,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tern_engine::{
-    BufferDesc, RegionInfo, SegmentDesc, SegmentId, Slice, TransferEngine, TransferRequest,
-    Transport, TransportContext, TransportError,
+    SegmentDesc, SegmentId, Slice, TransferEngine, TransferRequest, Transport, TransportContext,
+    TransportError,
 };
 use tern_memreg::RegionMap;
 
@@ -24,15 +24,6 @@ impl Transport for InstantTransport {
         Ok(())
     }
     fn describe(&self, _desc: &mut SegmentDesc) {}
-    fn describe_buffer(&self, region: &RegionInfo, segment_name: &str) -> BufferDesc {
-        BufferDesc {
-            addr: region.addr as u64,
-            length: region.len as u64,
-            lkey: None,
-            name: segment_name.to_owned(),
-            rkey: None,
-        }
-    }
     fn max_slice_size(&self) -> usize {
         1 << 20
     }

@@ -64,8 +64,18 @@ pub trait Transport: Send + Sync + 'static {
     /// Fills this transport's fields of the local descriptor (ports, versions, devices).
     fn describe(&self, desc: &mut SegmentDesc);
 
-    /// How a registered, remote-accessible region appears in the local descriptor.
-    fn describe_buffer(&self, region: &RegionInfo, segment_name: &str) -> BufferDesc;
+    /// How a registered, remote-accessible region appears in the local descriptor. The
+    /// default is Mooncake's keyless form (TCP): named by the segment, no rkeys or lkeys;
+    /// transports with per-NIC keys override it.
+    fn describe_buffer(&self, region: &RegionInfo, segment_name: &str) -> BufferDesc {
+        BufferDesc {
+            addr: region.addr as u64,
+            length: region.len as u64,
+            lkey: None,
+            name: segment_name.to_owned(),
+            rkey: None,
+        }
+    }
 
     /// Largest slice the engine should hand over.
     fn max_slice_size(&self) -> usize;

@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tern_engine::{
-    BatchState, BufferDesc, EngineError, RegionInfo, RegisterRaw, SegmentDesc, SegmentId, Slice,
-    TransferEngine, TransferError, TransferRequest, TransferStatus, Transport, TransportContext,
-    TransportError,
+    BatchState, EngineError, RegisterRaw, SegmentDesc, SegmentId, Slice, TransferEngine,
+    TransferError, TransferRequest, TransferStatus, Transport, TransportContext, TransportError,
 };
 
 #[derive(Clone, Default)]
@@ -30,15 +29,6 @@ impl Transport for HoldingTransport {
         Ok(())
     }
     fn describe(&self, _desc: &mut SegmentDesc) {}
-    fn describe_buffer(&self, region: &RegionInfo, segment_name: &str) -> BufferDesc {
-        BufferDesc {
-            addr: region.addr as u64,
-            length: region.len as u64,
-            lkey: None,
-            name: segment_name.to_owned(),
-            rkey: None,
-        }
-    }
     fn max_slice_size(&self) -> usize {
         4096
     }

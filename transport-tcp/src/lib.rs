@@ -25,10 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tern_engine::{
-    BufferDesc, PortChoice, RegionInfo, SegmentDesc, Slice, Transport, TransportContext,
-    TransportError,
-};
+use tern_engine::{PortChoice, SegmentDesc, Slice, Transport, TransportContext, TransportError};
 
 pub use wire::{HEADER_LEN, Header, OP_READ, OP_V2, OP_WRITE, STATUS_MAGIC, Status};
 
@@ -181,16 +178,6 @@ impl Transport for TcpTransport {
         if let Some(running) = self.running.get() {
             desc.tcp_data_port = running.local.port();
             desc.tcp_proto_version = u32::from(self.config.proto_version);
-        }
-    }
-
-    fn describe_buffer(&self, region: &RegionInfo, segment_name: &str) -> BufferDesc {
-        BufferDesc {
-            addr: region.addr as u64,
-            length: region.len as u64,
-            lkey: None,
-            name: segment_name.to_owned(),
-            rkey: None,
         }
     }
 
