@@ -184,10 +184,10 @@ fn serve(
         let io = |e: io::Error| format!("{e} during a {} byte transfer", header.size);
         match (op, pin) {
             (OP_READ, Ok((pin, addr, size))) => {
-                if header.is_v2() {
-                    stream.write_all(&Status::Ok.encode()).map_err(io)?;
-                }
-                pin.write_all_to(addr, size, &mut stream).map_err(io)?;
+                let status = Status::Ok.encode();
+                let prefix: &[u8] = if header.is_v2() { &status } else { &[] };
+                pin.write_prefixed_to(prefix, addr, size, &mut stream)
+                    .map_err(io)?;
             }
             (_, Ok((pin, addr, size))) => {
                 pin.read_exact_from(addr, size, &mut stream).map_err(io)?;
