@@ -74,6 +74,22 @@ fn submit_complete(c: &mut Criterion) {
     });
 }
 
+fn open_cached_segment(c: &mut Criterion) {
+    let build = || {
+        TransferEngine::builder()
+            .local_server_name("127.0.0.1")
+            .transport(InstantTransport)
+            .build()
+            .expect("engine")
+    };
+    let (engine, peer) = (build(), build());
+    let name = peer.segment_name().to_owned();
+    let id = engine.open_segment(&name).expect("first open fetches");
+    c.bench_function("open_segment_cached", |b| {
+        b.iter(|| assert_eq!(engine.open_segment(black_box(&name)).expect("open"), id))
+    });
+}
+
 fn region_lookup(c: &mut Criterion) {
     let mut map = RegionMap::new();
     for i in 0..10_000usize {
@@ -89,5 +105,5 @@ fn region_lookup(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, submit_complete, region_lookup);
+criterion_group!(benches, submit_complete, open_cached_segment, region_lookup);
 criterion_main!(benches);

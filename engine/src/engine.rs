@@ -12,7 +12,9 @@ use tern_memreg::{
 };
 use tern_metadata::net::{self, PortChoice};
 use tern_metadata::rpc::{self, RpcClientConfig, RpcError, RpcServer, RpcServerConfig, RpcType};
-use tern_metadata::{MetadataConn, MetadataError, MetadataStore, P2pStore, RpcMeta, SegmentDesc};
+use tern_metadata::{
+    MetadataError, MetadataEvent, MetadataStore, RpcMeta, SegmentDesc, StoreOptions, open_store,
+};
 
 use crate::batch::{Batch, BatchInner, SliceCompletion};
 use crate::error::{EngineError, TransferError};
@@ -37,6 +39,7 @@ pub struct TransferEngineBuilder {
     transfer_timeout: Option<Duration>,
     rpc_client: RpcClientConfig,
     pretouch: PretouchPolicy,
+    store: StoreOptions,
 }
 
 impl std::fmt::Debug for TransferEngineBuilder {
@@ -71,6 +74,7 @@ impl Default for TransferEngineBuilder {
             transfer_timeout: Some(Duration::from_secs(timeout_secs)),
             rpc_client: RpcClientConfig::default(),
             pretouch: PretouchPolicy::default(),
+            store: StoreOptions::default(),
         }
     }
 }
@@ -117,7 +121,19 @@ impl TransferEngineBuilder {
 
     /// Timeouts of outgoing handshake RPCs.
     pub fn rpc_client(mut self, config: RpcClientConfig) -> Self {
+        self.store.rpc_client = config.clone();
         self.rpc_client = config;
+        self
+    }
+
+    /// Metadata store settings that override the environment: cluster ID, etcd lease TTL,
+    /// start-up retry.
+    pub fn store_options(mut self, options: StoreOptions) -> Self {
+        let rpc_client = self.rpc_client.clone();
+        self.store = StoreOptions {
+            rpc_client,
+            ..options
+        };
         self
     }
 
@@ -134,16 +150,7 @@ impl TransferEngineBuilder {
                 "install at least one transport".into(),
             ));
         }
-        let store: Box<dyn MetadataStore> = match MetadataConn::parse(&self.metadata)? {
-            MetadataConn::P2pHandshake => Box::new(P2pStore::new(self.rpc_client.clone())),
-            other => {
-                return Err(MetadataError::Unsupported {
-                    kind: other.kind(),
-                    conn: self.metadata,
-                }
-                .into());
-            }
-        };
+        let store = open_store(&self.metadata, self.store.clone())?;
         let configured = self
             .advertise
             .clone()
@@ -223,6 +230,11 @@ impl TransferEngineBuilder {
         }
         let engine = TransferEngine { inner };
         engine.start()?;
+        let weak = Arc::downgrade(&engine.inner);
+        engine
+            .inner
+            .store
+            .subscribe(Arc::new(move |event| handle_event(&weak, event)));
         Ok(engine)
     }
 }
@@ -231,6 +243,9 @@ impl TransferEngineBuilder {
 struct SegmentTable {
     by_name: HashMap<String, SegmentId>,
     by_id: HashMap<SegmentId, Arc<PeerSegment>>,
+    /// Open segments whose descriptor was withdrawn (the node died or left); they come back
+    /// if it is published again.
+    vanished: HashMap<SegmentId, String>,
 }
 
 struct EngineInner {
@@ -404,13 +419,10 @@ impl TransferEngine {
             return Ok(());
         }
         let name = self
-            .segment(id)
-            .ok_or(EngineError::UnknownSegment(id))?
-            .name
-            .clone();
-        let peer = self.inner.fetch_segment(&name, Some(id))?;
-        write(&self.inner.segments).by_id.insert(id, Arc::new(peer));
-        Ok(())
+            .inner
+            .segment_name_of(id)
+            .ok_or(EngineError::UnknownSegment(id))?;
+        self.inner.refresh(id, &name)
     }
 
     /// Closes a segment: later submissions to it fail with `UnknownSegment`. Transfers in
@@ -520,7 +532,7 @@ impl TransferEngine {
                 len,
             }
         })?;
-        let peer = peer.ok_or(TransferError::UnknownSegment(request.target))?;
+        let peer = peer.ok_or_else(|| self.inner.missing_segment(request.target))?;
         if peer
             .desc
             .buffer_containing(request.target_offset, len as u64)
@@ -670,6 +682,7 @@ impl Drop for TransferEngine {
         if let Err(e) = inner.store.remove_rpc_meta(&inner.segment_name) {
             tracing::warn!("withdrawing rpc_meta of {}: {e}", inner.segment_name);
         }
+        inner.store.shutdown();
     }
 }
 
@@ -679,6 +692,130 @@ impl EngineInner {
             return Some(read(&self.local).clone());
         }
         read(&self.segments).by_id.get(&id).cloned()
+    }
+
+    fn segment_name_of(&self, id: SegmentId) -> Option<String> {
+        let table = read(&self.segments);
+        table
+            .by_id
+            .get(&id)
+            .map(|p| p.name.clone())
+            .or_else(|| table.vanished.get(&id).cloned())
+    }
+
+    /// Why an open-looking segment ID has no descriptor.
+    fn missing_segment(&self, id: SegmentId) -> TransferError {
+        match read(&self.segments).vanished.get(&id) {
+            Some(name) => TransferError::SegmentVanished(name.clone()),
+            None => TransferError::UnknownSegment(id),
+        }
+    }
+
+    /// Re-fetches one open segment: replaced when found, marked vanished when the store no
+    /// longer has it.
+    fn refresh(&self, id: SegmentId, name: &str) -> Result<(), EngineError> {
+        match self.fetch_segment(name, Some(id)) {
+            Ok(peer) => {
+                let mut table = write(&self.segments);
+                if table.by_name.get(name) == Some(&id) {
+                    table.vanished.remove(&id);
+                    table.by_id.insert(id, Arc::new(peer));
+                }
+                Ok(())
+            }
+            Err(EngineError::Metadata(MetadataError::SegmentNotFound(_))) => {
+                self.mark_vanished(name);
+                Err(MetadataError::SegmentNotFound(name.to_owned()).into())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn mark_vanished(&self, name: &str) {
+        let mut table = write(&self.segments);
+        if let Some(&id) = table.by_name.get(name)
+            && table.by_id.remove(&id).is_some()
+        {
+            table.vanished.insert(id, name.to_owned());
+        }
+    }
+
+    /// Applies a change seen by the metadata store's watch to the segment cache.
+    fn apply(&self, event: MetadataEvent) {
+        match event {
+            MetadataEvent::Segment { name, desc: None } => self.mark_vanished(&name),
+            MetadataEvent::Segment {
+                name,
+                desc: Some(desc),
+            } => {
+                let mut table = write(&self.segments);
+                let Some(&id) = table.by_name.get(&name) else {
+                    return;
+                };
+                let rpc = match (table.by_id.get(&id), table.vanished.contains_key(&id)) {
+                    (Some(peer), _) => peer.rpc.clone(),
+                    (None, true) => {
+                        // Back from the dead: its RPC location is fetched in the background,
+                        // as the store must not be called from its own watch thread.
+                        drop(table);
+                        self.refresh_in_background(vec![(id, name)]);
+                        return;
+                    }
+                    (None, false) => return,
+                };
+                table.by_id.insert(
+                    id,
+                    Arc::new(PeerSegment {
+                        id,
+                        name,
+                        desc,
+                        rpc,
+                    }),
+                );
+            }
+            MetadataEvent::RpcMeta {
+                server,
+                meta: Some(meta),
+            } => {
+                let mut table = write(&self.segments);
+                let Some(&id) = table.by_name.get(&server) else {
+                    return;
+                };
+                if let Some(peer) = table.by_id.get(&id) {
+                    let mut updated = PeerSegment::clone(peer);
+                    updated.rpc = meta;
+                    table.by_id.insert(id, Arc::new(updated));
+                }
+            }
+            MetadataEvent::RpcMeta { meta: None, .. } => {}
+            MetadataEvent::Resync => {
+                let table = read(&self.segments);
+                let open: Vec<(SegmentId, String)> = table
+                    .by_name
+                    .iter()
+                    .map(|(n, id)| (*id, n.clone()))
+                    .collect();
+                drop(table);
+                self.refresh_in_background(open);
+            }
+        }
+    }
+
+    fn refresh_in_background(&self, segments: Vec<(SegmentId, String)>) {
+        let weak = self.weak.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tern-resync".into())
+            .spawn(move || {
+                for (id, name) in segments {
+                    let Some(engine) = weak.upgrade() else { return };
+                    if let Err(e) = engine.refresh(id, &name) {
+                        tracing::debug!("refreshing segment {name}: {e}");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a segment refresh: {e}");
+        }
     }
 
     fn fetch_segment(&self, name: &str, id: Option<SegmentId>) -> Result<PeerSegment, EngineError> {
@@ -803,6 +940,12 @@ impl EngineInner {
             queue.pop_front();
         }
         queue.push_back(notify);
+    }
+}
+
+fn handle_event(engine: &Weak<EngineInner>, event: MetadataEvent) {
+    if let Some(engine) = engine.upgrade() {
+        engine.apply(event);
     }
 }
 

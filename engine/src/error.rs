@@ -156,6 +156,10 @@ pub enum TransferError {
     /// The target segment is not open.
     #[error("segment {0} is not open")]
     UnknownSegment(SegmentId),
+    /// The segment was open, but its node withdrew it (shut down, or its lease expired after
+    /// it died). It becomes usable again if the node publishes it again.
+    #[error("segment {0:?} vanished from the metadata store")]
+    SegmentVanished(String),
     /// The target range is not inside one buffer of the target's descriptor.
     #[error("target [{addr:#x}, +{len}) is not inside one buffer of segment {segment:?}")]
     TargetOutOfRange {

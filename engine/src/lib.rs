@@ -42,7 +42,7 @@ pub use engine::{OwnedBuffer, TRANSFER_TIMEOUT_ENV, TransferEngine, TransferEngi
 pub use error::{EngineError, TransferError};
 pub use tern_memreg::{PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw};
 pub use tern_metadata::net::PortChoice;
-pub use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc};
+pub use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc, StoreOptions};
 pub use transport::{PeerSegment, Slice, Transport, TransportContext, TransportError};
 pub use types::{
     BatchState, BatchStatus, Notify, Opcode, SegmentId, TaskStatus, TransferRequest, TransferStatus,

@@ -32,6 +32,27 @@ pub enum MetadataError {
         /// What was wrong with it.
         source: DescriptorError,
     },
+    /// A value under a key is not what Mooncake writes there (bad JSON, or a descriptor that
+    /// breaks the rules). Other keys are unaffected; fix or delete this one.
+    #[error("value under key {key:?}: {source}")]
+    MalformedValue {
+        /// The key.
+        key: String,
+        /// What was wrong.
+        source: DescriptorError,
+    },
+    /// No server name → RPC location is published for this server.
+    #[error("no rpc_meta published for server {0:?}")]
+    RpcMetaNotFound(String),
+    /// The store could not be reached (or answered with an error); the message names the
+    /// endpoints. Check that it runs and is reachable from here.
+    #[error("metadata store {endpoint}: {message}")]
+    Store {
+        /// The store's endpoint(s).
+        endpoint: String,
+        /// What happened.
+        message: String,
+    },
     /// The handshake RPC to a peer failed.
     #[error(transparent)]
     Rpc(#[from] RpcError),

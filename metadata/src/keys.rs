@@ -30,6 +30,29 @@ pub fn rpc_meta_key(cluster_id: Option<&str>, server: &str) -> String {
     format!("{}rpc_meta/{server}", common_prefix(cluster_id))
 }
 
+/// What a key under the common prefix names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyKind {
+    /// A segment descriptor, with the segment's name.
+    Segment(String),
+    /// An RPC location, with the server's name.
+    RpcMeta(String),
+}
+
+/// Classifies `key` (full key, prefix included); `None` when it is outside the layout.
+pub fn classify(cluster_id: Option<&str>, key: &str) -> Option<KeyKind> {
+    let rest = key.strip_prefix(&common_prefix(cluster_id))?;
+    if let Some(name) = rest.strip_prefix("ram/") {
+        Some(KeyKind::Segment(name.to_owned()))
+    } else if let Some(server) = rest.strip_prefix("rpc_meta/") {
+        Some(KeyKind::RpcMeta(server.to_owned()))
+    } else if rest.contains('/') {
+        Some(KeyKind::Segment(rest.to_owned()))
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,5 +68,26 @@ mod tests {
             "mooncake/rpc_meta/10.0.0.1:1234"
         );
         assert_eq!(rpc_meta_key(Some("c"), "n"), "mooncake/c/rpc_meta/n");
+    }
+
+    #[test]
+    fn keys_classify_back_to_names() {
+        for (cluster, name) in [
+            (None, "node01"),
+            (Some("c1"), "10.0.0.1:5"),
+            (None, "nvmeof/disk"),
+        ] {
+            assert_eq!(
+                classify(cluster, &segment_key(cluster, name)),
+                Some(KeyKind::Segment(name.to_owned()))
+            );
+            assert_eq!(
+                classify(cluster, &rpc_meta_key(cluster, name)),
+                Some(KeyKind::RpcMeta(name.to_owned()))
+            );
+        }
+        assert_eq!(classify(Some("c1"), "mooncake/ram/x"), None);
+        assert_eq!(classify(None, "other/ram/x"), None);
+        assert_eq!(classify(None, "mooncake/plain"), None);
     }
 }

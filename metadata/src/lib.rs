@@ -11,6 +11,9 @@
 
 mod desc;
 mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
+pub mod http;
 pub mod keys;
 pub mod net;
 pub mod rpc;
@@ -18,4 +21,7 @@ mod store;
 
 pub use desc::{BufferDesc, DescriptorError, DeviceDesc, PriorityMatrix, SegmentDesc};
 pub use error::MetadataError;
-pub use store::{MetadataConn, MetadataStore, P2pStore, RpcMeta};
+pub use store::{
+    MetadataConn, MetadataEvent, MetadataListener, MetadataStore, P2pStore, RpcMeta, StoreOptions,
+    open_store,
+};

@@ -82,6 +82,32 @@ impl RpcMeta {
     }
 }
 
+/// A change seen by a store that watches (etcd): what a cache of remote segments needs to
+/// stay fresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetadataEvent {
+    /// A segment's descriptor was written (`Some`) or withdrawn (`None`).
+    Segment {
+        /// The segment's name.
+        name: String,
+        /// The new descriptor, already checked against Mooncake's rules.
+        desc: Option<SegmentDesc>,
+    },
+    /// A server's RPC location was written (`Some`) or withdrawn (`None`).
+    RpcMeta {
+        /// The server's name.
+        server: String,
+        /// The new location.
+        meta: Option<RpcMeta>,
+    },
+    /// The watch was interrupted (the store was unreachable) and is back: changes may have
+    /// been missed, so every cached segment should be fetched again.
+    Resync,
+}
+
+/// Receives [`MetadataEvent`]s, on the store's own thread: it must not block on the store.
+pub type MetadataListener = std::sync::Arc<dyn Fn(MetadataEvent) + Send + Sync>;
+
 /// A place where segment descriptors and RPC locations are published and looked up.
 pub trait MetadataStore: Send + Sync {
     /// The store kind (`p2p`, `etcd`, `http`).
@@ -108,6 +134,57 @@ pub trait MetadataStore: Send + Sync {
 
     /// Where `server`'s handshake RPC listens.
     fn rpc_meta(&self, server: &str) -> Result<RpcMeta, MetadataError>;
+
+    /// Registers a listener for changes; stores that cannot watch ignore it.
+    fn subscribe(&self, _listener: MetadataListener) {}
+
+    /// Withdraws everything this node published and stops background work.
+    fn shutdown(&self) {}
+}
+
+/// Settings that override the environment when a store is opened.
+#[derive(Debug, Clone, Default)]
+pub struct StoreOptions {
+    /// Client timeouts of P2P Metadata RPCs.
+    pub rpc_client: RpcClientConfig,
+    /// Cluster ID scoping every key (else `MC_METADATA_CLUSTER_ID`).
+    pub cluster_id: Option<String>,
+    /// etcd lease TTL (else `TERN_ETCD_TTL_SECS`, else 10 s).
+    pub ttl: Option<std::time::Duration>,
+    /// How long to retry an unreachable etcd at start (else `TERN_ETCD_START_RETRY_SECS`, else
+    /// fail at once).
+    pub start_retry: Option<std::time::Duration>,
+}
+
+/// Opens the store a connection string names.
+pub fn open_store(
+    conn: &str,
+    options: StoreOptions,
+) -> Result<Box<dyn MetadataStore>, MetadataError> {
+    match MetadataConn::parse(conn)? {
+        MetadataConn::P2pHandshake => Ok(Box::new(P2pStore::new(options.rpc_client))),
+        MetadataConn::Http(url) => {
+            let mut store = crate::http::HttpStore::new(&url)?;
+            if options.cluster_id.is_some() {
+                store.set_cluster_id(options.cluster_id);
+            }
+            Ok(Box::new(store))
+        }
+        #[cfg(feature = "etcd")]
+        MetadataConn::Etcd(endpoints) => {
+            let mut config = crate::etcd::EtcdConfig::from_env(endpoints);
+            if options.cluster_id.is_some() {
+                config.cluster_id = options.cluster_id;
+            }
+            config.ttl = options.ttl.unwrap_or(config.ttl);
+            config.start_retry = options.start_retry.unwrap_or(config.start_retry);
+            Ok(Box::new(crate::etcd::EtcdStore::connect(config)?))
+        }
+        other => Err(MetadataError::Unsupported {
+            kind: other.kind(),
+            conn: conn.to_owned(),
+        }),
+    }
 }
 
 /// `P2PHANDSHAKE`: nothing is published; a segment's name is its `ip:rpc_port`, and its
@@ -169,6 +246,29 @@ impl MetadataStore for P2pStore {
             rpc_port: port,
         })
     }
+}
+
+/// Reads a descriptor stored under `key`.
+pub(crate) fn decode_segment(key: &str, value: &[u8]) -> Result<SegmentDesc, MetadataError> {
+    SegmentDesc::from_json(value).map_err(|source| MetadataError::MalformedValue {
+        key: key.to_owned(),
+        source,
+    })
+}
+
+/// Reads an RPC location stored under `key`.
+pub(crate) fn decode_rpc_meta(key: &str, value: &[u8]) -> Result<RpcMeta, MetadataError> {
+    serde_json::from_slice(value).map_err(|e| MetadataError::MalformedValue {
+        key: key.to_owned(),
+        source: crate::DescriptorError::MalformedJson(e.to_string()),
+    })
+}
+
+/// Compact JSON of an RPC location with Mooncake's trailing newline.
+pub(crate) fn encode_rpc_meta(meta: &RpcMeta) -> String {
+    let mut json = serde_json::to_string(meta).unwrap_or_default();
+    json.push('\n');
+    json
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 /// A system package and what it is for.
@@ -60,6 +60,11 @@ const PACKAGES: &[Package] = &[
         name: "protobuf-compiler",
         group: Group::Build,
         why: "protoc for etcd-client",
+    },
+    Package {
+        name: "libprotobuf-dev",
+        group: Group::Build,
+        why: "protobuf's well-known types, which etcd-client's protos import",
     },
     Package {
         name: "etcd-server",
@@ -119,9 +124,10 @@ fn main() -> ExitCode {
         Some("deps") => deps(&[Group::Build, Group::Services, Group::Bench, Group::Guest]),
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("etcd") => etcd_for_people(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, then criterion benches\n          [--duration SECS] [--quick]"
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]"
             );
             return ExitCode::from(2);
         }
@@ -226,9 +232,16 @@ fn test(extra: &[String]) -> Result<(), String> {
     doc.args(["doc", "--workspace", "--no-deps"])
         .env("RUSTDOCFLAGS", "-D warnings");
     run(doc, "cargo doc")?;
+    let etcd = Etcd::start(None)?;
+    eprintln!("xtask: etcd for the tests at {}", etcd.endpoint);
     let mut tests = cargo();
-    tests.args(["test", "--workspace"]).args(extra);
-    run(tests, "cargo test --workspace")?;
+    tests
+        .args(["test", "--workspace"])
+        .args(extra)
+        .env("TERN_TEST_ETCD", &etcd.endpoint);
+    let outcome = run(tests, "cargo test --workspace");
+    drop(etcd);
+    outcome?;
     eprintln!(
         "xtask: all checks passed in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -268,6 +281,112 @@ fn tcp_baseline(seconds: f64) -> Result<f64, String> {
         .map_err(|e| e.to_string())?;
     let secs = started.elapsed().as_secs_f64();
     Ok(received.min(sent) as f64 / secs / 1e9)
+}
+
+/// Debian's etcd on loopback with a temporary data directory; killed and removed on drop.
+struct Etcd {
+    child: Child,
+    dir: PathBuf,
+    endpoint: String,
+}
+
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+impl Etcd {
+    fn start(client_port: Option<u16>) -> Result<Self, String> {
+        let client_port = match client_port {
+            Some(port) => port,
+            None => free_port()?,
+        };
+        let peer_port = free_port()?;
+        let dir = root().join(format!("target/etcd-{}-{client_port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let client = format!("http://127.0.0.1:{client_port}");
+        let peer = format!("http://127.0.0.1:{peer_port}");
+        let log = std::fs::File::create(root().join(format!("target/etcd-{client_port}.log")))
+            .map_err(|e| format!("etcd log: {e}"))?;
+        let child = Command::new("etcd")
+            .args(["--name", "tern", "--data-dir"])
+            .arg(&dir)
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("tern={peer}")])
+            .args(["--heartbeat-interval=10", "--election-timeout=100"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start etcd ({e}); run `cargo xtask deps`"))?;
+        let etcd = Self {
+            child,
+            dir,
+            endpoint: format!("127.0.0.1:{client_port}"),
+        };
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if etcd_healthy(&etcd.endpoint) {
+                return Ok(etcd);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!("etcd at {} did not become healthy", etcd.endpoint))
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn etcd_healthy(endpoint: &str) -> bool {
+    let Ok(mut stream) = TcpStream::connect(endpoint) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = format!("GET /health HTTP/1.1\r\nHost: {endpoint}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = stream.read_to_string(&mut reply);
+    reply.contains("\"health\":\"true\"")
+}
+
+fn etcd_for_people(args: &[String]) -> Result<(), String> {
+    deps(&[Group::Services])?;
+    let port = args
+        .windows(2)
+        .find(|w| w[0] == "--port")
+        .map(|w| {
+            w[1].parse::<u16>()
+                .map_err(|_| "--port takes a number".to_owned())
+        })
+        .transpose()?
+        .unwrap_or(2379);
+    let mut etcd = Etcd::start(Some(port))?;
+    println!(
+        "etcd is up at {0}; use --metadata_server=etcd://{0}; Ctrl-C stops it",
+        etcd.endpoint
+    );
+    let _ = etcd.child.wait();
+    Ok(())
 }
 
 fn json_number(json: &str, key: &str) -> Option<f64> {
@@ -342,6 +461,31 @@ fn bench(args: &[String]) -> Result<(), String> {
             p50,
             if ratio >= goal { "met" } else { "MISSED" }
         );
+    }
+    match Etcd::start(None) {
+        Ok(etcd) => {
+            let output = Command::new(&exe)
+                .args([
+                    "--mode=watch-latency",
+                    &format!("--metadata_server=etcd://{}", etcd.endpoint),
+                ])
+                .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+                .output()
+                .map_err(|e| format!("tern-bench: {e}"))?;
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            match json_number(&stdout, "median_ms") {
+                Some(median) => println!(
+                    "\nA descriptor change reaches a watching node (etcd on loopback, 20 changes): median {median:.1} ms, p90 {:.1} ms, max {:.1} ms (goal: median < 100 ms)",
+                    json_number(&stdout, "p90_ms").unwrap_or(f64::NAN),
+                    json_number(&stdout, "max_ms").unwrap_or(f64::NAN)
+                ),
+                None => eprintln!(
+                    "xtask: watch latency failed: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+            }
+        }
+        Err(e) => eprintln!("xtask: skipping the etcd watch latency: {e}"),
     }
     let report = root().join("target/tern-bench-results.jsonl");
     let lines: Vec<String> = rows.iter().map(|r| r.4.clone()).collect();

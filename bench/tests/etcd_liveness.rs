@@ -1,0 +1,117 @@
+//! A node killed with SIGKILL loses its etcd keys within the lease TTL; `tern-bench` runs
+//! against etcd and against the HTTP metadata server.
+
+#[path = "../../metadata/tests/support/etcd.rs"]
+mod etcd;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use etcd::{eventually, get, unique};
+
+const BENCH: &str = env!("CARGO_BIN_EXE_tern-bench");
+
+fn target(metadata: &str, name: &str, ttl_secs: &str) -> (Child, String) {
+    let mut child = Command::new(BENCH)
+        .args([
+            "--mode=target",
+            &format!("--metadata_server={metadata}"),
+            &format!("--local_server_name={name}"),
+            "--buffer_size=16777216",
+        ])
+        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        .env("TERN_ETCD_TTL_SECS", ttl_secs)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let segment = line
+        .trim()
+        .strip_prefix("segment: ")
+        .expect("target started")
+        .to_owned();
+    (child, segment)
+}
+
+fn initiator(metadata: &str, segment: &str, operation: &str) -> serde_json::Value {
+    let output = Command::new(BENCH)
+        .args([
+            "--mode=initiator",
+            &format!("--metadata_server={metadata}"),
+            &format!("--local_server_name={}", unique("bench-initiator")),
+            &format!("--segment_id={segment}"),
+            &format!("--operation={operation}"),
+            "--buffer_size=16777216",
+            "--batch_size=8",
+            "--threads=1",
+            "--duration=0.5",
+            "--verify",
+            "--json",
+        ])
+        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "initiator: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[test]
+fn sigkill_loses_the_keys_within_the_ttl() {
+    let (endpoint, _own) = etcd::shared();
+    let name = unique("doomed");
+    let (mut child, segment) = target(&format!("etcd://{endpoint}"), &name, "2");
+    assert_eq!(segment, name, "etcd mode keeps the server name");
+    let key = format!("mooncake/ram/{name}");
+    assert!(get(&endpoint, &key).is_some());
+    let result = initiator(&format!("etcd://{endpoint}"), &name, "write");
+    assert!(result["bytes"].as_u64().unwrap() > 0);
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let gone = eventually(Duration::from_secs(15), || {
+        get(&endpoint, &key).is_none()
+            && get(&endpoint, &format!("mooncake/rpc_meta/{name}")).is_none()
+    });
+    let took = gone.expect("keys of a killed node survived");
+    assert!(
+        killed.elapsed() < Duration::from_secs(2 + 6),
+        "took {took:?} for a 2 s TTL"
+    );
+}
+
+#[test]
+fn tern_bench_runs_against_the_http_metadata_server() {
+    let mut server = Command::new(env!("CARGO_BIN_EXE_tern-metadata-server"))
+        .args(["--bind", "127.0.0.1", "--port", "0"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("serving ")
+        .expect("server started")
+        .to_owned();
+    let name = unique("http-target");
+    let (mut child, _) = target(&url, &name, "10");
+    let result = initiator(&url, &name, "read");
+    assert!(result["bytes"].as_u64().unwrap() > 0);
+    drop(child.stdin.take());
+    child.wait().unwrap();
+    server.kill().unwrap();
+    server.wait().unwrap();
+}

@@ -1,0 +1,507 @@
+//! The etcd store: Mooncake's key layout, plus what Mooncake lacks — every key this node
+//! writes lives under a lease that is kept alive, so a dead node's keys vanish within the TTL;
+//! a lost lease or an etcd restart is healed by re-granting and re-publishing; and a watch on
+//! the prefix tells caches about every change.
+//!
+//! The tokio runtime etcd-client needs lives inside this store; callers see blocking calls.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, EventType, PutOptions, WatchOptions};
+use tokio::runtime::Runtime;
+use tokio::sync::Notify;
+
+use crate::SegmentDesc;
+use crate::error::MetadataError;
+use crate::keys::{self, KeyKind};
+use crate::store::{
+    MetadataEvent, MetadataListener, MetadataStore, RpcMeta, decode_rpc_meta, decode_segment,
+    encode_rpc_meta,
+};
+
+/// Environment variable with the lease TTL in seconds.
+pub const TTL_ENV: &str = "TERN_ETCD_TTL_SECS";
+/// Environment variable: how many seconds to keep retrying an unreachable etcd at start
+/// (0, the default, fails at once).
+pub const START_RETRY_ENV: &str = "TERN_ETCD_START_RETRY_SECS";
+
+/// Settings of the etcd store.
+#[derive(Debug, Clone)]
+pub struct EtcdConfig {
+    /// `host:port` of each etcd member.
+    pub endpoints: Vec<String>,
+    /// `MC_METADATA_CLUSTER_ID`: scopes every key.
+    pub cluster_id: Option<String>,
+    /// Lease TTL: how long a dead node's keys survive it.
+    pub ttl: Duration,
+    /// Bound on connecting and on each operation.
+    pub timeout: Duration,
+    /// How long to keep retrying (with backoff) when etcd is unreachable at start.
+    pub start_retry: Duration,
+}
+
+impl EtcdConfig {
+    /// Defaults (TTL 10 s, 5 s timeouts, no start retry), overridden by
+    /// `MC_METADATA_CLUSTER_ID`, `TERN_ETCD_TTL_SECS` and `TERN_ETCD_START_RETRY_SECS`.
+    pub fn from_env(endpoints: Vec<String>) -> Self {
+        let secs = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .map(Duration::from_secs_f64)
+        };
+        Self {
+            endpoints,
+            cluster_id: std::env::var(keys::CLUSTER_ID_ENV)
+                .ok()
+                .filter(|c| !c.is_empty()),
+            ttl: secs(TTL_ENV)
+                .filter(|t| *t >= Duration::from_secs(1))
+                .unwrap_or(Duration::from_secs(10)),
+            timeout: Duration::from_secs(5),
+            start_retry: secs(START_RETRY_ENV).unwrap_or(Duration::ZERO),
+        }
+    }
+}
+
+struct Shared {
+    client: Client,
+    config: EtcdConfig,
+    endpoint: String,
+    lease: AtomicI64,
+    /// Every key this node wants to exist, with its value: re-put after a lost lease or an
+    /// outage.
+    published: Mutex<BTreeMap<String, String>>,
+    /// Some put failed (etcd unreachable): re-publish everything once it answers again.
+    dirty: AtomicBool,
+    listeners: Mutex<Vec<MetadataListener>>,
+    stop: Notify,
+    stopped: AtomicBool,
+}
+
+/// The etcd metadata store. Dropping it (or [`MetadataStore::shutdown`]) deletes this node's
+/// keys and revokes its lease.
+pub struct EtcdStore {
+    runtime: Option<Runtime>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoint", &self.shared.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl EtcdStore {
+    /// Connects, grants the lease and starts the keep-alive and watch tasks. Fails with an
+    /// error naming the endpoints when etcd cannot be reached (after retrying for
+    /// `config.start_retry`).
+    pub fn connect(config: EtcdConfig) -> Result<Self, MetadataError> {
+        let endpoint = config.endpoints.join(",");
+        let store_error = |message: String| MetadataError::Store {
+            endpoint: endpoint.clone(),
+            message,
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tern-etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| store_error(format!("cannot start the etcd runtime: {e}")))?;
+        let (client, lease) = runtime.block_on(async {
+            let started = tokio::time::Instant::now();
+            let mut backoff = Duration::from_millis(100);
+            loop {
+                match connect_and_grant(&config).await {
+                    Ok(done) => return Ok(done),
+                    Err(e) if started.elapsed() + backoff <= config.start_retry => {
+                        tracing::warn!("etcd {endpoint} not reachable yet ({e}); retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
+                    Err(e) => return Err(store_error(format!("unreachable: {e}"))),
+                }
+            }
+        })?;
+        let shared = Arc::new(Shared {
+            client,
+            config,
+            endpoint: endpoint.clone(),
+            lease: AtomicI64::new(lease),
+            published: Mutex::new(BTreeMap::new()),
+            dirty: AtomicBool::new(false),
+            listeners: Mutex::new(Vec::new()),
+            stop: Notify::new(),
+            stopped: AtomicBool::new(false),
+        });
+        runtime.spawn(keep_alive_loop(shared.clone()));
+        runtime.spawn(watch_loop(shared.clone()));
+        Ok(Self {
+            runtime: Some(runtime),
+            shared,
+        })
+    }
+
+    fn block_on<F: std::future::Future>(&self, future: F) -> Option<F::Output> {
+        self.runtime.as_ref().map(|r| r.block_on(future))
+    }
+
+    fn store_error(&self, message: impl std::fmt::Display) -> MetadataError {
+        MetadataError::Store {
+            endpoint: self.shared.endpoint.clone(),
+            message: message.to_string(),
+        }
+    }
+
+    /// The lease this node's keys live under.
+    pub fn lease_id(&self) -> i64 {
+        self.shared.lease.load(Ordering::Acquire)
+    }
+
+    fn publish(&self, key: String, value: String) {
+        lock(&self.shared.published).insert(key.clone(), value.clone());
+        let shared = self.shared.clone();
+        let outcome = self.block_on(async move { put_leased(&shared, &key, &value).await });
+        if let Some(Err(e)) = outcome {
+            self.shared.dirty.store(true, Ordering::Release);
+            tracing::warn!(
+                "etcd {}: publishing failed ({e}); it is retried until etcd answers",
+                self.shared.endpoint
+            );
+        }
+    }
+
+    fn withdraw(&self, key: &str) -> Result<(), MetadataError> {
+        lock(&self.shared.published).remove(key);
+        let mut client = self.shared.client.clone();
+        let timeout = self.shared.config.timeout;
+        let key = key.to_owned();
+        match self
+            .block_on(async move { tokio::time::timeout(timeout, client.delete(key, None)).await })
+        {
+            Some(Ok(Ok(_))) | None => Ok(()),
+            Some(Ok(Err(e))) => Err(self.store_error(e)),
+            Some(Err(_)) => Err(self.store_error("delete timed out")),
+        }
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, MetadataError> {
+        let mut client = self.shared.client.clone();
+        let timeout = self.shared.config.timeout;
+        let owned = key.to_owned();
+        let reply = self
+            .block_on(async move { tokio::time::timeout(timeout, client.get(owned, None)).await })
+            .ok_or_else(|| self.store_error("store is shut down"))?
+            .map_err(|_| self.store_error(format!("get {key:?} timed out")))?
+            .map_err(|e| self.store_error(e))?;
+        Ok(reply.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+}
+
+async fn connect_and_grant(config: &EtcdConfig) -> Result<(Client, i64), etcd_client::Error> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(config.timeout)
+        .with_timeout(config.timeout);
+    let mut client = Client::connect(config.endpoints.clone(), Some(options)).await?;
+    let lease = client
+        .lease_grant(config.ttl.as_secs().max(1) as i64, None)
+        .await?
+        .id();
+    Ok((client, lease))
+}
+
+async fn put_leased(shared: &Shared, key: &str, value: &str) -> Result<(), String> {
+    let mut client = shared.client.clone();
+    let lease = shared.lease.load(Ordering::Acquire);
+    let put = client.put(key, value, Some(PutOptions::new().with_lease(lease)));
+    match tokio::time::timeout(shared.config.timeout, put).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("put timed out".into()),
+    }
+}
+
+/// Re-puts every published key under the current lease.
+async fn republish(shared: &Shared) -> Result<(), String> {
+    let entries: Vec<(String, String)> = lock(&shared.published)
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (key, value) in entries {
+        put_leased(shared, &key, &value).await?;
+    }
+    Ok(())
+}
+
+/// Keeps the lease alive at a third of its TTL. A lease that etcd no longer knows (expired
+/// during an outage, or revoked) is replaced and everything re-published; an outage is
+/// waited out with backoff.
+async fn keep_alive_loop(shared: Arc<Shared>) {
+    let period = shared.config.ttl / 3;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let alive = keep_alive_once(&shared).await;
+        let wait = match alive {
+            Ok(true) => {
+                if shared.dirty.swap(false, Ordering::AcqRel)
+                    && let Err(e) = republish(&shared).await
+                {
+                    shared.dirty.store(true, Ordering::Release);
+                    tracing::warn!("etcd {}: re-publishing failed: {e}", shared.endpoint);
+                }
+                backoff = Duration::from_millis(100);
+                period
+            }
+            Ok(false) => match regrant(&shared).await {
+                Ok(()) => {
+                    tracing::warn!(
+                        "etcd {}: lease was lost; re-granted and re-published",
+                        shared.endpoint
+                    );
+                    backoff = Duration::from_millis(100);
+                    period
+                }
+                Err(e) => {
+                    tracing::warn!("etcd {}: cannot re-grant the lease: {e}", shared.endpoint);
+                    backoff
+                }
+            },
+            Err(e) => {
+                tracing::debug!("etcd {}: keep-alive failed: {e}", shared.endpoint);
+                shared.dirty.store(true, Ordering::Release);
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                backoff
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shared.stop.notified() => return,
+        }
+        if shared.stopped.load(Ordering::Acquire) {
+            return;
+        }
+    }
+}
+
+/// `Ok(true)`: the lease lives; `Ok(false)`: etcd answered that it does not; `Err`: no answer.
+async fn keep_alive_once(shared: &Shared) -> Result<bool, String> {
+    let mut client = shared.client.clone();
+    let lease = shared.lease.load(Ordering::Acquire);
+    let exchange = async {
+        let (mut keeper, mut stream) = client.lease_keep_alive(lease).await?;
+        keeper.keep_alive().await?;
+        let reply = stream.message().await?;
+        Ok::<_, etcd_client::Error>(reply.is_some_and(|r| r.ttl() > 0))
+    };
+    let outcome: Result<(), String> =
+        match tokio::time::timeout(shared.config.timeout, exchange).await {
+            Ok(Ok(true)) => return Ok(true),
+            Ok(Ok(false)) => Err("keep-alive answered TTL 0".to_owned()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("keep-alive timed out".to_owned()),
+        };
+    // Tell "etcd does not know this lease" (re-grant) from "etcd did not answer" (wait).
+    let ask = client.lease_time_to_live(lease, None);
+    match tokio::time::timeout(shared.config.timeout, ask).await {
+        Ok(Ok(reply)) if reply.ttl() <= 0 => Ok(false),
+        Ok(Err(e)) if e.to_string().contains("not found") => Ok(false),
+        _ => outcome.map(|_| true),
+    }
+}
+
+async fn regrant(shared: &Shared) -> Result<(), String> {
+    let mut client = shared.client.clone();
+    let ttl = shared.config.ttl.as_secs().max(1) as i64;
+    let lease = client
+        .lease_grant(ttl, None)
+        .await
+        .map_err(|e| e.to_string())?
+        .id();
+    shared.lease.store(lease, Ordering::Release);
+    republish(shared).await
+}
+
+/// Watches the whole prefix and hands every change to the listeners. After an interruption
+/// it says `Resync`, since changes may have been missed meanwhile.
+async fn watch_loop(shared: Arc<Shared>) {
+    let cluster = shared.config.cluster_id.clone();
+    let prefix = keys::common_prefix(cluster.as_deref());
+    let mut interrupted = false;
+    let mut backoff = Duration::from_millis(100);
+    while !shared.stopped.load(Ordering::Acquire) {
+        let mut client = shared.client.clone();
+        let watching = client
+            .watch(prefix.clone(), Some(WatchOptions::new().with_prefix()))
+            .await;
+        if let Ok(mut stream) = watching {
+            if interrupted {
+                emit(&shared, MetadataEvent::Resync);
+            }
+            backoff = Duration::from_millis(100);
+            loop {
+                let message = tokio::select! {
+                    m = stream.message() => m,
+                    () = shared.stop.notified() => return,
+                };
+                let Ok(Some(reply)) = message else { break };
+                if reply.canceled() {
+                    break;
+                }
+                for event in reply.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let Ok(key) = kv.key_str() else { continue };
+                    let deleted = event.event_type() == EventType::Delete;
+                    if let Some(event) = to_event(cluster.as_deref(), key, kv.value(), deleted) {
+                        emit(&shared, event);
+                    }
+                }
+            }
+        }
+        interrupted = true;
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            () = shared.stop.notified() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+fn to_event(
+    cluster: Option<&str>,
+    key: &str,
+    value: &[u8],
+    deleted: bool,
+) -> Option<MetadataEvent> {
+    match keys::classify(cluster, key)? {
+        KeyKind::Segment(name) if deleted => Some(MetadataEvent::Segment { name, desc: None }),
+        KeyKind::Segment(name) => match decode_segment(key, value) {
+            Ok(desc) => Some(MetadataEvent::Segment {
+                name,
+                desc: Some(desc),
+            }),
+            Err(e) => {
+                tracing::warn!("ignoring a change: {e}");
+                None
+            }
+        },
+        KeyKind::RpcMeta(server) if deleted => Some(MetadataEvent::RpcMeta { server, meta: None }),
+        KeyKind::RpcMeta(server) => match decode_rpc_meta(key, value) {
+            Ok(meta) => Some(MetadataEvent::RpcMeta {
+                server,
+                meta: Some(meta),
+            }),
+            Err(e) => {
+                tracing::warn!("ignoring a change: {e}");
+                None
+            }
+        },
+    }
+}
+
+fn emit(shared: &Shared, event: MetadataEvent) {
+    let listeners: Vec<MetadataListener> = lock(&shared.listeners).clone();
+    for listener in listeners {
+        listener(event.clone());
+    }
+}
+
+impl MetadataStore for EtcdStore {
+    fn kind(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn segment_name(&self, local_server_name: &str, _advertised: &RpcMeta) -> String {
+        local_server_name.to_owned()
+    }
+
+    fn publish_segment(&self, name: &str, desc: &SegmentDesc) -> Result<(), MetadataError> {
+        let key = keys::segment_key(self.shared.config.cluster_id.as_deref(), name);
+        self.publish(key, desc.to_json());
+        Ok(())
+    }
+
+    fn remove_segment(&self, name: &str) -> Result<(), MetadataError> {
+        self.withdraw(&keys::segment_key(
+            self.shared.config.cluster_id.as_deref(),
+            name,
+        ))
+    }
+
+    fn fetch_segment(&self, name: &str) -> Result<SegmentDesc, MetadataError> {
+        let key = keys::segment_key(self.shared.config.cluster_id.as_deref(), name);
+        let value = self
+            .get(&key)?
+            .ok_or_else(|| MetadataError::SegmentNotFound(name.to_owned()))?;
+        decode_segment(&key, &value)
+    }
+
+    fn publish_rpc_meta(&self, server: &str, meta: &RpcMeta) -> Result<(), MetadataError> {
+        let key = keys::rpc_meta_key(self.shared.config.cluster_id.as_deref(), server);
+        self.publish(key, encode_rpc_meta(meta));
+        Ok(())
+    }
+
+    fn remove_rpc_meta(&self, server: &str) -> Result<(), MetadataError> {
+        self.withdraw(&keys::rpc_meta_key(
+            self.shared.config.cluster_id.as_deref(),
+            server,
+        ))
+    }
+
+    fn rpc_meta(&self, server: &str) -> Result<RpcMeta, MetadataError> {
+        let key = keys::rpc_meta_key(self.shared.config.cluster_id.as_deref(), server);
+        let value = self
+            .get(&key)?
+            .ok_or_else(|| MetadataError::RpcMetaNotFound(server.to_owned()))?;
+        decode_rpc_meta(&key, &value)
+    }
+
+    fn subscribe(&self, listener: MetadataListener) {
+        lock(&self.shared.listeners).push(listener);
+    }
+
+    fn shutdown(&self) {
+        if self.shared.stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.shared.stop.notify_waiters();
+        lock(&self.shared.listeners).clear();
+        let keys: Vec<String> = lock(&self.shared.published).keys().cloned().collect();
+        for key in keys {
+            if let Err(e) = self.withdraw(&key) {
+                tracing::warn!("etcd: withdrawing {key}: {e}");
+            }
+        }
+        let mut client = self.shared.client.clone();
+        let lease = self.lease_id();
+        let timeout = self.shared.config.timeout;
+        self.block_on(async move {
+            let _ = tokio::time::timeout(timeout, client.lease_revoke(lease)).await;
+        });
+    }
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        self.shutdown();
+        if let Some(runtime) = self.runtime.take() {
+            // Dropped from inside the runtime (a listener held the last reference): a
+            // blocking shutdown is not allowed there.
+            if tokio::runtime::Handle::try_current().is_ok() {
+                runtime.shutdown_background();
+            } else {
+                runtime.shutdown_timeout(Duration::from_secs(1));
+            }
+        }
+    }
+}

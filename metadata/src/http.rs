@@ -1,0 +1,447 @@
+//! Mooncake's HTTP metadata protocol: `GET|PUT|DELETE <url>?key=<escaped key>`, 200 means
+//! success, 404 means not found. [`HttpStore`] is the client; [`HttpMetadataServer`] is a
+//! small in-memory server any node (a Mooncake node included) can point at.
+//!
+//! HTTP has no leases or watches: keys are deleted on clean shutdown only, as in Mooncake.
+
+use std::collections::HashMap;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::SegmentDesc;
+use crate::error::MetadataError;
+use crate::keys;
+use crate::rpc::wake_acceptor;
+use crate::store::{MetadataStore, RpcMeta, decode_rpc_meta, decode_segment, encode_rpc_meta};
+
+/// Largest request or response body accepted (descriptors of huge nodes stay far below).
+const MAX_BODY: usize = 32 << 20;
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Decodes `%XX` escapes and `+` (as space); `None` on a malformed escape or bad UTF-8.
+pub fn unescape(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The HTTP store (client side).
+#[derive(Debug, Clone)]
+pub struct HttpStore {
+    url: String,
+    host: String,
+    port: u16,
+    path: String,
+    cluster_id: Option<String>,
+    connect_timeout: Duration,
+    timeout: Duration,
+}
+
+impl HttpStore {
+    /// A store at `http://host:port/path`. `https://` is not supported.
+    pub fn new(url: &str) -> Result<Self, MetadataError> {
+        let bad = || MetadataError::BadConnectionString(url.to_owned());
+        if url.starts_with("https://") {
+            return Err(MetadataError::Unsupported {
+                kind: "https",
+                conn: url.to_owned(),
+            });
+        }
+        let rest = url.strip_prefix("http://").ok_or_else(bad)?;
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (host, port) = match crate::net::split_host_port(authority) {
+            Some((host, port)) => (host.to_owned(), port),
+            None if !authority.is_empty() && !authority.contains(':') => (authority.to_owned(), 80),
+            None => return Err(bad()),
+        };
+        Ok(Self {
+            url: url.to_owned(),
+            host,
+            port,
+            path: format!("/{path}"),
+            cluster_id: std::env::var(keys::CLUSTER_ID_ENV)
+                .ok()
+                .filter(|c| !c.is_empty()),
+            connect_timeout: Duration::from_millis(1500),
+            timeout: Duration::from_secs(3),
+        })
+    }
+
+    /// Scopes every key by `cluster_id` (`None`: unscoped).
+    pub fn set_cluster_id(&mut self, cluster_id: Option<String>) {
+        self.cluster_id = cluster_id.filter(|c| !c.is_empty());
+    }
+
+    fn store_error(&self, message: impl std::fmt::Display) -> MetadataError {
+        MetadataError::Store {
+            endpoint: self.url.clone(),
+            message: message.to_string(),
+        }
+    }
+
+    /// One request; returns the status code and body.
+    fn request(
+        &self,
+        method: &str,
+        key: &str,
+        body: Option<&str>,
+    ) -> Result<(u16, Vec<u8>), MetadataError> {
+        let addrs: Vec<SocketAddr> = (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|e| self.store_error(format!("cannot resolve: {e}")))?
+            .collect();
+        let mut last = "no address".to_owned();
+        let mut stream = None;
+        for addr in addrs {
+            match TcpStream::connect_timeout(&addr, self.connect_timeout) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = e.to_string(),
+            }
+        }
+        let mut stream = stream.ok_or_else(|| self.store_error(format!("unreachable: {last}")))?;
+        let io = |e: io::Error| self.store_error(e);
+        stream.set_read_timeout(Some(self.timeout)).map_err(io)?;
+        stream.set_write_timeout(Some(self.timeout)).map_err(io)?;
+        let body = body.unwrap_or("");
+        let request = format!(
+            "{method} {}?key={} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.path,
+            escape(key),
+            self.host,
+            self.port,
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).map_err(io)?;
+        let mut reader = BufReader::new(stream);
+        let (status, headers) = read_head(&mut reader).map_err(|e| self.store_error(e))?;
+        let body = read_body(&mut reader, &headers, true).map_err(|e| self.store_error(e))?;
+        Ok((status, body))
+    }
+
+    fn put(&self, key: &str, value: &str) -> Result<(), MetadataError> {
+        match self.request("PUT", key, Some(value))? {
+            (200, _) => Ok(()),
+            (status, _) => Err(self.store_error(format!("PUT {key:?} answered {status}"))),
+        }
+    }
+
+    fn delete(&self, key: &str) -> Result<(), MetadataError> {
+        match self.request("DELETE", key, None)? {
+            (200 | 404, _) => Ok(()),
+            (status, _) => Err(self.store_error(format!("DELETE {key:?} answered {status}"))),
+        }
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, MetadataError> {
+        match self.request("GET", key, None)? {
+            (200, body) => Ok(Some(body)),
+            (404, _) => Ok(None),
+            (status, _) => Err(self.store_error(format!("GET {key:?} answered {status}"))),
+        }
+    }
+}
+
+impl MetadataStore for HttpStore {
+    fn kind(&self) -> &'static str {
+        "http"
+    }
+
+    fn segment_name(&self, local_server_name: &str, _advertised: &RpcMeta) -> String {
+        local_server_name.to_owned()
+    }
+
+    fn publish_segment(&self, name: &str, desc: &SegmentDesc) -> Result<(), MetadataError> {
+        self.put(
+            &keys::segment_key(self.cluster_id.as_deref(), name),
+            &desc.to_json(),
+        )
+    }
+
+    fn remove_segment(&self, name: &str) -> Result<(), MetadataError> {
+        self.delete(&keys::segment_key(self.cluster_id.as_deref(), name))
+    }
+
+    fn fetch_segment(&self, name: &str) -> Result<SegmentDesc, MetadataError> {
+        let key = keys::segment_key(self.cluster_id.as_deref(), name);
+        let value = self
+            .get(&key)?
+            .ok_or_else(|| MetadataError::SegmentNotFound(name.to_owned()))?;
+        decode_segment(&key, &value)
+    }
+
+    fn publish_rpc_meta(&self, server: &str, meta: &RpcMeta) -> Result<(), MetadataError> {
+        self.put(
+            &keys::rpc_meta_key(self.cluster_id.as_deref(), server),
+            &encode_rpc_meta(meta),
+        )
+    }
+
+    fn remove_rpc_meta(&self, server: &str) -> Result<(), MetadataError> {
+        self.delete(&keys::rpc_meta_key(self.cluster_id.as_deref(), server))
+    }
+
+    fn rpc_meta(&self, server: &str) -> Result<RpcMeta, MetadataError> {
+        let key = keys::rpc_meta_key(self.cluster_id.as_deref(), server);
+        let value = self
+            .get(&key)?
+            .ok_or_else(|| MetadataError::RpcMetaNotFound(server.to_owned()))?;
+        decode_rpc_meta(&key, &value)
+    }
+}
+
+/// Reads a status line (or request line) and headers. For a response the first value is the
+/// status code; for a request it is 0 and the line is returned as the `:line` header.
+fn read_head(reader: &mut impl BufRead) -> Result<(u16, HashMap<String, String>), String> {
+    let mut line = String::new();
+    let mut headers = HashMap::new();
+    reader.read_line(&mut line).map_err(|e| e.to_string())?;
+    if line.is_empty() {
+        return Err("connection closed before a reply".into());
+    }
+    let first = line.trim_end().to_owned();
+    let status = if first.starts_with("HTTP/") {
+        first
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("bad status line {first:?}"))?
+    } else {
+        0
+    };
+    headers.insert(":line".to_owned(), first);
+    loop {
+        line.clear();
+        reader
+            .take(16 * 1024)
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        if headers.len() > 100 {
+            return Err("too many headers".into());
+        }
+        if let Some((name, value)) = header.split_once(':') {
+            headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_owned());
+        }
+    }
+    Ok((status, headers))
+}
+
+fn read_body(
+    reader: &mut impl Read,
+    headers: &HashMap<String, String>,
+    to_eof: bool,
+) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    match headers.get("content-length") {
+        Some(len) => {
+            let len: usize = len
+                .parse()
+                .map_err(|_| format!("bad Content-Length {len:?}"))?;
+            if len > MAX_BODY {
+                return Err(format!("body of {len} bytes is too large"));
+            }
+            body.resize(len, 0);
+            reader.read_exact(&mut body).map_err(|e| e.to_string())?;
+        }
+        None if to_eof => {
+            reader
+                .take(MAX_BODY as u64 + 1)
+                .read_to_end(&mut body)
+                .map_err(|e| e.to_string())?;
+            if body.len() > MAX_BODY {
+                return Err("body too large".into());
+            }
+        }
+        None => {}
+    }
+    Ok(body)
+}
+
+/// An in-memory HTTP metadata server speaking Mooncake's protocol. Stops when dropped.
+#[derive(Debug)]
+pub struct HttpMetadataServer {
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+type Table = Arc<Mutex<HashMap<String, Vec<u8>>>>;
+
+impl HttpMetadataServer {
+    /// Binds `addr` (port 0 picks one) and serves.
+    pub fn start(addr: SocketAddr) -> io::Result<Self> {
+        let listener = TcpListener::bind(addr)?;
+        let local = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let table: Table = Arc::default();
+        let acceptor = std::thread::Builder::new()
+            .name("tern-http-metadata".into())
+            .spawn({
+                let stop = stop.clone();
+                move || {
+                    for conn in listener.incoming() {
+                        if stop.load(Ordering::Acquire) {
+                            break;
+                        }
+                        let Ok(stream) = conn else { continue };
+                        let table = table.clone();
+                        let _ = std::thread::Builder::new()
+                            .name("tern-http-conn".into())
+                            .spawn(move || serve_http(stream, &table));
+                    }
+                }
+            })?;
+        Ok(Self {
+            local,
+            stop,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+impl Drop for HttpMetadataServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        wake_acceptor(self.local);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+    }
+}
+
+fn serve_http(stream: TcpStream, table: &Table) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    let (status, body): (u16, Vec<u8>) = match handle_request(&mut reader, table) {
+        Ok(reply) => reply,
+        Err(message) => {
+            tracing::warn!("http metadata: bad request: {message}");
+            (400, message.into_bytes())
+        }
+    };
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Bad Request",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = writer.write_all(head.as_bytes());
+    let _ = writer.write_all(&body);
+}
+
+fn handle_request(
+    reader: &mut BufReader<TcpStream>,
+    table: &Table,
+) -> Result<(u16, Vec<u8>), String> {
+    let (_, headers) = read_head(reader)?;
+    let line = headers.get(":line").cloned().unwrap_or_default();
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let query = target.split_once('?').map(|(_, q)| q).unwrap_or("");
+    let key = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("key="))
+        .and_then(unescape)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| format!("no key in {target:?}"))?;
+    let body = read_body(reader, &headers, false)?;
+    let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(match method {
+        "GET" => match table.get(&key) {
+            Some(value) => (200, value.clone()),
+            None => (404, b"metadata not found".to_vec()),
+        },
+        "PUT" => {
+            table.insert(key, body);
+            (200, b"metadata updated".to_vec())
+        }
+        "DELETE" => match table.remove(&key) {
+            Some(_) => (200, b"metadata deleted".to_vec()),
+            None => (404, b"metadata not found".to_vec()),
+        },
+        _ => (405, b"method not allowed".to_vec()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_round_trips() {
+        let key = "mooncake/c1/ram/10.0.0.1:1234/x y+z";
+        assert_eq!(
+            escape(key),
+            "mooncake%2Fc1%2Fram%2F10.0.0.1%3A1234%2Fx%20y%2Bz"
+        );
+        assert_eq!(unescape(&escape(key)).as_deref(), Some(key));
+        assert_eq!(unescape("%zz"), None);
+        assert_eq!(unescape("%4"), None);
+    }
+
+    #[test]
+    fn urls_parse() {
+        let store = HttpStore::new("http://127.0.0.1:8080/metadata").unwrap();
+        assert_eq!(
+            (store.host.as_str(), store.port, store.path.as_str()),
+            ("127.0.0.1", 8080, "/metadata")
+        );
+        let store = HttpStore::new("http://meta").unwrap();
+        assert_eq!((store.port, store.path.as_str()), (80, "/"));
+        assert!(HttpStore::new("https://x:1/").is_err());
+        assert!(HttpStore::new("http://:5/").is_err());
+    }
+}
