@@ -9,13 +9,12 @@ use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::SegmentDesc;
 use crate::error::MetadataError;
 use crate::keys;
-use crate::rpc::wake_acceptor;
+use crate::net::Acceptor;
 use crate::store::{MetadataStore, RpcMeta, decode_rpc_meta, decode_segment, encode_rpc_meta};
 
 /// Largest request or response body accepted (descriptors of huge nodes stay far below).
@@ -300,9 +299,7 @@ fn read_body(
 /// An in-memory HTTP metadata server speaking Mooncake's protocol. Stops when dropped.
 #[derive(Debug)]
 pub struct HttpMetadataServer {
-    local: SocketAddr,
-    stop: Arc<AtomicBool>,
-    acceptor: Option<JoinHandle<()>>,
+    acceptor: Acceptor,
 }
 
 type Table = Arc<Mutex<HashMap<String, Vec<u8>>>>;
@@ -311,46 +308,32 @@ impl HttpMetadataServer {
     /// Binds `addr` (port 0 picks one) and serves.
     pub fn start(addr: SocketAddr) -> io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
-        let local = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
         let table: Table = Arc::default();
-        let acceptor = std::thread::Builder::new()
-            .name("tern-http-metadata".into())
-            .spawn({
-                let stop = stop.clone();
-                move || {
-                    for conn in listener.incoming() {
-                        if stop.load(Ordering::Acquire) {
-                            break;
-                        }
-                        let Ok(stream) = conn else { continue };
-                        let table = table.clone();
-                        let _ = std::thread::Builder::new()
-                            .name("tern-http-conn".into())
-                            .spawn(move || serve_http(stream, &table));
-                    }
-                }
-            })?;
-        Ok(Self {
-            local,
+        let acceptor = Acceptor::spawn(
+            listener,
+            "tern-http-metadata".into(),
             stop,
-            acceptor: Some(acceptor),
-        })
+            move |listener| {
+                for conn in listener.incoming() {
+                    if flag.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let Ok(stream) = conn else { continue };
+                    let table = table.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("tern-http-conn".into())
+                        .spawn(move || serve_http(stream, &table));
+                }
+            },
+        )?;
+        Ok(Self { acceptor })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.local
-    }
-}
-
-impl Drop for HttpMetadataServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        wake_acceptor(self.local);
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
-        }
+        self.acceptor.local_addr()
     }
 }
 

@@ -1,8 +1,11 @@
 //! Addresses and ports: what a node advertises and how it binds its listeners.
 
 use std::io;
-use std::net::{IpAddr, SocketAddr, TcpListener};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Environment variable that fixes the advertised address (as in Mooncake).
 pub const BIND_ADDRESS_ENV: &str = "MC_TCP_BIND_ADDRESS";
@@ -57,6 +60,60 @@ pub fn bind_listener(ip: IpAddr, ports: PortChoice) -> io::Result<TcpListener> {
             ))
         }
     }
+}
+
+/// A listener served by a background thread. Dropping it raises the stop flag, wakes the
+/// thread out of `accept`, and waits for it to finish.
+#[derive(Debug)]
+pub struct Acceptor {
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Acceptor {
+    /// Runs `serve(listener)` on a thread named `name`; `serve` must return once `stop` is
+    /// raised and its `accept` returns.
+    pub fn spawn(
+        listener: TcpListener,
+        name: String,
+        stop: Arc<AtomicBool>,
+        serve: impl FnOnce(TcpListener) + Send + 'static,
+    ) -> io::Result<Self> {
+        let local = listener.local_addr()?;
+        let thread = std::thread::Builder::new()
+            .name(name)
+            .spawn(move || serve(listener))?;
+        Ok(Self {
+            local,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+}
+
+impl Drop for Acceptor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        wake_acceptor(self.local);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Unblocks a thread sitting in `accept` on `local` by connecting to it once.
+pub fn wake_acceptor(local: SocketAddr) {
+    let mut target = local;
+    if target.ip().is_unspecified() {
+        target.set_ip(IpAddr::from([127, 0, 0, 1]));
+    }
+    let _ = TcpStream::connect_timeout(&target, Duration::from_secs(1));
 }
 
 fn random_seed() -> u64 {

@@ -7,10 +7,9 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::net::{PortChoice, bind_listener};
+use crate::net::{Acceptor, PortChoice, bind_listener};
 
 /// Default and minimum frame size limit (1 MiB), as in Mooncake.
 pub const DEFAULT_MAX_FRAME: usize = 1 << 20;
@@ -264,9 +263,7 @@ impl Default for RpcServerConfig {
 /// A running handshake RPC server. Stops when dropped.
 #[derive(Debug)]
 pub struct RpcServer {
-    local: SocketAddr,
-    stop: Arc<AtomicBool>,
-    acceptor: Option<JoinHandle<()>>,
+    acceptor: Acceptor,
 }
 
 impl RpcServer {
@@ -287,44 +284,19 @@ impl RpcServer {
         config: RpcServerConfig,
         handler: Arc<dyn RpcHandler>,
     ) -> io::Result<Self> {
-        let local = listener.local_addr()?;
+        let name = format!("tern-rpc-{}", listener.local_addr()?.port());
         let stop = Arc::new(AtomicBool::new(false));
-        let acceptor = std::thread::Builder::new()
-            .name(format!("tern-rpc-{}", local.port()))
-            .spawn({
-                let stop = stop.clone();
-                move || accept_loop(listener, config, handler, stop)
-            })?;
-        Ok(Self {
-            local,
-            stop,
-            acceptor: Some(acceptor),
-        })
+        let flag = stop.clone();
+        let acceptor = Acceptor::spawn(listener, name, stop, move |listener| {
+            accept_loop(listener, config, handler, flag)
+        })?;
+        Ok(Self { acceptor })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.local
+        self.acceptor.local_addr()
     }
-}
-
-impl Drop for RpcServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        wake_acceptor(self.local);
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
-        }
-    }
-}
-
-/// Unblocks a thread sitting in `accept` on `local` by connecting to it once.
-pub fn wake_acceptor(local: SocketAddr) {
-    let mut target = local;
-    if target.ip().is_unspecified() {
-        target.set_ip(IpAddr::from([127, 0, 0, 1]));
-    }
-    let _ = TcpStream::connect_timeout(&target, Duration::from_secs(1));
 }
 
 fn accept_loop(

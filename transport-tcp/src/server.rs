@@ -7,8 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use tern_memreg::MemoryRegistry;
-use tern_metadata::net::bind_listener;
-use tern_metadata::rpc::wake_acceptor;
+use tern_metadata::net::{Acceptor, bind_listener};
 
 use crate::TcpConfig;
 use crate::wire::{HEADER_LEN, Header, OP_READ, OP_WRITE, Status};
@@ -19,9 +18,7 @@ const MAX_DRAIN: u64 = 256 << 20;
 
 #[derive(Debug)]
 pub(crate) struct Server {
-    local: SocketAddr,
-    stop: Arc<AtomicBool>,
-    acceptor: Option<JoinHandle<()>>,
+    acceptor: Acceptor,
 }
 
 impl Server {
@@ -32,32 +29,16 @@ impl Server {
         stop: Arc<AtomicBool>,
     ) -> io::Result<Self> {
         let listener = bind_listener(ip, config.ports)?;
-        let local = listener.local_addr()?;
-        let acceptor = std::thread::Builder::new()
-            .name(format!("tern-tcp-{}", local.port()))
-            .spawn({
-                let stop = stop.clone();
-                move || accept_loop(listener, registry, config, stop)
-            })?;
-        Ok(Self {
-            local,
-            stop,
-            acceptor: Some(acceptor),
-        })
+        let name = format!("tern-tcp-{}", listener.local_addr()?.port());
+        let flag = stop.clone();
+        let acceptor = Acceptor::spawn(listener, name, stop, move |listener| {
+            accept_loop(listener, registry, config, flag)
+        })?;
+        Ok(Self { acceptor })
     }
 
     pub(crate) fn local_addr(&self) -> SocketAddr {
-        self.local
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        wake_acceptor(self.local);
-        if let Some(acceptor) = self.acceptor.take() {
-            let _ = acceptor.join();
-        }
+        self.acceptor.local_addr()
     }
 }
 

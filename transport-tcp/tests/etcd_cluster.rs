@@ -18,10 +18,14 @@ const GOLDEN_TCP: &str = include_str!("../../metadata/tests/golden/mooncake-tcp-
 const GOLDEN_RDMA: &str = include_str!("../../metadata/tests/golden/mooncake-rdma-segment.json");
 
 fn node(endpoint: &str, name: &str, options: StoreOptions) -> TransferEngine {
+    node_on(&format!("etcd://{endpoint}"), name, options)
+}
+
+fn node_on(conn: &str, name: &str, options: StoreOptions) -> TransferEngine {
     TransferEngine::builder()
         .local_server_name(name)
         .advertise_address("127.0.0.1")
-        .metadata(format!("etcd://{endpoint}"))
+        .metadata(conn)
         .store_options(options)
         .transport(TcpTransport::default())
         .build()
