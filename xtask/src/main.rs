@@ -10,6 +10,8 @@
 //! It must not hold product logic: it only drives cargo, apt and the benchmark binary.
 #![forbid(unsafe_code)]
 
+mod softroce;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -125,9 +127,10 @@ fn main() -> ExitCode {
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("etcd") => etcd_for_people(&args[1..]),
+        Some("softroce") => softroce_command(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]"
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: ibv_devinfo) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot"
             );
             return ExitCode::from(2);
         }
@@ -387,6 +390,78 @@ fn etcd_for_people(args: &[String]) -> Result<(), String> {
     );
     let _ = etcd.child.wait();
     Ok(())
+}
+
+/// The test executables `cargo test --no-run --message-format=json ARGS` builds.
+fn test_executables(args: &[String]) -> Result<Vec<String>, String> {
+    let output = cargo()
+        .args(["test", "--no-run", "--message-format=json"])
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cargo test --no-run: {e}"))?;
+    if !output.status.success() {
+        return Err("building the test binaries failed".into());
+    }
+    let mut executables = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        if !line.contains("\"test\":true") {
+            continue;
+        }
+        if let Some(rest) = line.split("\"executable\":\"").nth(1)
+            && let Some(path) = rest.split('"').next()
+            && !executables.iter().any(|e| e == path)
+        {
+            executables.push(path.to_owned());
+        }
+    }
+    Ok(executables)
+}
+
+fn softroce_command(args: &[String]) -> Result<(), String> {
+    deps(&[Group::Build, Group::Guest])?;
+    let timeout = Duration::from_secs(
+        std::env::var("TERN_SOFTROCE_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1800),
+    );
+    let command = match args.first().map(String::as_str) {
+        Some("--test") => {
+            let executables = test_executables(&args[1..])?;
+            if executables.is_empty() {
+                return Err("no test binaries matched".into());
+            }
+            let mut script = String::from("status=0\n");
+            for exe in &executables {
+                script.push_str(&format!(
+                    "echo \"== {exe}\"; '{exe}' --test-threads=1 || status=1\n"
+                ));
+            }
+            script.push_str("exit $status\n");
+            script
+        }
+        Some("--") => args[1..].join(" "),
+        Some(other) => return Err(format!("unknown softroce argument {other:?}")),
+        None => "ibv_devinfo".to_owned(),
+    };
+    let forward: Vec<String> = std::env::vars()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("RUST_") || k.starts_with("TERN_") || k.starts_with("MC_"))
+        .collect();
+    let status = softroce::run(
+        &root(),
+        &softroce::GuestRun {
+            command: &command,
+            forward_env: forward,
+            timeout,
+        },
+    )?;
+    if status == 0 {
+        Ok(())
+    } else {
+        Err(format!("the command in the guest exited with {status}"))
+    }
 }
 
 fn json_number(json: &str, key: &str) -> Option<f64> {
