@@ -1,0 +1,371 @@
+//! Real verbs on Soft-RoCE. These need an RDMA device, so on a plain host they are ignored;
+//! `cargo xtask softroce --test -p tern-verbs` (and `cargo xtask test`) runs them inside the
+//! guest, where `rxe0` exists.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tern_verbs::{
+    Access, Completion, CompletionError, CompletionQueue, Context, MemoryRegion, PathConfig, Peer,
+    ProtectionDomain, QpCaps, QueuePair, SendOp, SendRequest, Sge,
+};
+
+const NEEDS_RXE: &str = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs";
+
+fn device() -> String {
+    std::env::var("TERN_RXE").unwrap_or_else(|_| "rxe0".into())
+}
+
+/// Two RC QPs on one device, connected to each other.
+struct Loop {
+    pd: Arc<ProtectionDomain>,
+    cq: Arc<CompletionQueue>,
+    a: QueuePair,
+    b: QueuePair,
+    path: PathConfig,
+    gid: tern_verbs::Gid,
+}
+
+impl Loop {
+    fn new() -> Self {
+        let context = Context::open(&device()).unwrap();
+        let port = context.port(1).unwrap();
+        assert!(port.active, "port 1 of {} is not active", device());
+        let gid = context.select_gid(1, None).unwrap();
+        assert!(gid.gid.is_ipv4_mapped(), "auto-selected {gid:?}");
+        let pd = ProtectionDomain::new(&context).unwrap();
+        let cq = CompletionQueue::new(&context, 1024).unwrap();
+        let a = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+        let b = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+        let path = PathConfig {
+            sgid_index: gid.index as u8,
+            mtu: port.active_mtu,
+            retry_count: 3,
+            ..PathConfig::default()
+        };
+        let this = Self {
+            pd,
+            cq,
+            a,
+            b,
+            path,
+            gid: gid.gid,
+        };
+        this.connect();
+        this
+    }
+
+    fn connect(&self) {
+        let peer_of = |qp: &QueuePair| Peer {
+            qp_num: qp.qp_num(),
+            psn: 0,
+            gid: self.gid,
+            lid: 0,
+        };
+        self.a.connect(&peer_of(&self.b), &self.path).unwrap();
+        self.b.connect(&peer_of(&self.a), &self.path).unwrap();
+    }
+
+    /// Posts one signaled request on `a` and waits for its completion.
+    fn run(&self, op: SendOp, sge: Sge) -> Completion {
+        let request = SendRequest {
+            wr_id: 7,
+            op,
+            sges: vec![sge],
+            signaled: true,
+        };
+        // SAFETY: every SGE in these tests points into an MR that outlives the wait below.
+        unsafe { self.a.post_send(&[request]) }.unwrap();
+        let started = Instant::now();
+        let mut out = [Completion {
+            wr_id: 0,
+            status: Ok(()),
+            byte_len: 0,
+            qp_num: 0,
+        }];
+        loop {
+            if self.cq.poll(&mut out).unwrap() == 1 {
+                return out[0];
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no completion"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// A Vec registered as an MR; the Vec lives as long as the MR (dropped after it).
+struct Registered {
+    mr: MemoryRegion,
+    bytes: Vec<u8>,
+}
+
+fn register(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Registered {
+    let mut bytes = vec![0u8; len];
+    // SAFETY: the Vec is never reallocated and is dropped after the MR (field order).
+    let mr = unsafe { MemoryRegion::register(pd, bytes.as_mut_ptr(), len, access) }.unwrap();
+    Registered { mr, bytes }
+}
+
+impl Registered {
+    fn sge(&self, offset: usize, len: usize) -> Sge {
+        Sge {
+            addr: (self.mr.addr() + offset) as u64,
+            len: len as u32,
+            lkey: self.mr.lkey(),
+        }
+    }
+
+    fn remote(&self, offset: usize) -> u64 {
+        (self.mr.addr() + offset) as u64
+    }
+
+    /// Reads the bytes the NIC wrote, without letting the compiler assume it knows them.
+    fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        (offset..offset + len)
+            // SAFETY: in bounds of the Vec; volatile because the device wrote behind our back.
+            .map(|i| unsafe { std::ptr::read_volatile(self.bytes.as_ptr().add(i)) })
+            .collect()
+    }
+
+    fn write(&mut self, offset: usize, data: &[u8]) {
+        self.bytes[offset..offset + data.len()].copy_from_slice(data);
+    }
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs"]
+fn write_and_read_move_exact_bytes_at_every_size_and_offset() {
+    let _ = NEEDS_RXE;
+    let qps = Loop::new();
+    let mut local = register(&qps.pd, 64 << 20, Access::REMOTE);
+    let remote = register(&qps.pd, 64 << 20, Access::REMOTE);
+    for (round, (len, local_off, remote_off)) in [
+        (1usize, 0usize, 0usize),
+        (4096, 3, 5),
+        (65536, 4096, 1),
+        (1 << 20, 7, 13),
+        (8 << 20, 1, 3),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = pattern(round as u8, len);
+        local.write(local_off, &data);
+        let done = qps.run(
+            SendOp::Write {
+                remote_addr: remote.remote(remote_off),
+                rkey: remote.mr.rkey(),
+            },
+            local.sge(local_off, len),
+        );
+        assert_eq!(done.status, Ok(()), "write of {len}");
+        assert!(
+            remote.read(remote_off, len) == data,
+            "write of {len}: bytes differ"
+        );
+
+        local.write(local_off, &vec![0; len]);
+        let done = qps.run(
+            SendOp::Read {
+                remote_addr: remote.remote(remote_off),
+                rkey: remote.mr.rkey(),
+            },
+            local.sge(local_off, len),
+        );
+        assert_eq!(done.status, Ok(()), "read of {len}");
+        assert_eq!(done.byte_len as usize, len);
+        assert!(
+            local.read(local_off, len) == data,
+            "read of {len}: bytes differ"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs"]
+fn bad_keys_and_addresses_are_typed_completion_errors_and_the_qp_recovers() {
+    let qps = Loop::new();
+    let local = register(&qps.pd, 1 << 20, Access::REMOTE);
+    let remote = register(&qps.pd, 1 << 20, Access::REMOTE);
+    // A key nobody issued.
+    let done = qps.run(
+        SendOp::Write {
+            remote_addr: remote.remote(0),
+            rkey: remote.mr.rkey() ^ 0x5a5a_0000,
+        },
+        local.sge(0, 4096),
+    );
+    assert_eq!(
+        done.status.unwrap_err().code,
+        CompletionError::REMOTE_ACCESS
+    );
+
+    // The QP is in the error state now: reset and reconnect, then it works again.
+    qps.a.reset().unwrap();
+    qps.b.reset().unwrap();
+    qps.connect();
+    let ok = qps.run(
+        SendOp::Write {
+            remote_addr: remote.remote(0),
+            rkey: remote.mr.rkey(),
+        },
+        local.sge(0, 4096),
+    );
+    assert_eq!(ok.status, Ok(()));
+
+    // A valid key with an address past the end of its region: the key grants access, the
+    // address and length choose the bytes.
+    let done = qps.run(
+        SendOp::Write {
+            remote_addr: remote.remote((1 << 20) - 100),
+            rkey: remote.mr.rkey(),
+        },
+        local.sge(0, 4096),
+    );
+    assert_eq!(
+        done.status.unwrap_err().code,
+        CompletionError::REMOTE_ACCESS
+    );
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs"]
+fn granted_access_is_the_access_asked_for() {
+    let qps = Loop::new();
+    let local = register(&qps.pd, 1 << 20, Access::REMOTE);
+    let write_only = register(
+        &qps.pd,
+        1 << 20,
+        Access {
+            remote_write: true,
+            remote_read: false,
+            relaxed_ordering: true,
+        },
+    );
+    let done = qps.run(
+        SendOp::Write {
+            remote_addr: write_only.remote(0),
+            rkey: write_only.mr.rkey(),
+        },
+        local.sge(0, 4096),
+    );
+    assert_eq!(done.status, Ok(()), "a write into a write-only region");
+    let done = qps.run(
+        SendOp::Read {
+            remote_addr: write_only.remote(0),
+            rkey: write_only.mr.rkey(),
+        },
+        local.sge(0, 4096),
+    );
+    assert_eq!(
+        done.status.unwrap_err().code,
+        CompletionError::REMOTE_ACCESS,
+        "a read from a region registered without REMOTE_READ"
+    );
+}
+
+static mut STATIC_BUFFER: [u8; 65536] = [0; 65536];
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs"]
+fn every_kind_of_process_memory_registers_and_moves_data() {
+    let qps = Loop::new();
+    let source = {
+        let mut s = register(&qps.pd, 65536, Access::REMOTE);
+        s.write(0, &pattern(99, 65536));
+        s
+    };
+    let len = 65536usize;
+    // SAFETY: anonymous private mapping of `len` bytes, unmapped at the end of the test.
+    let anon = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(anon, libc::MAP_FAILED);
+    // SAFETY: a memfd of `len` bytes, mapped shared; closed and unmapped at the end.
+    let (fd, shared) = unsafe {
+        let fd = libc::memfd_create(c"tern-test".as_ptr(), 0);
+        assert!(fd >= 0);
+        assert_eq!(libc::ftruncate(fd, len as libc::off_t), 0);
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        assert_ne!(map, libc::MAP_FAILED);
+        (fd, map)
+    };
+    // SAFETY: 2 MiB huge page if the kernel has one to give; None otherwise.
+    let huge = unsafe {
+        let map = libc::mmap(
+            std::ptr::null_mut(),
+            2 << 20,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+            -1,
+            0,
+        );
+        (map != libc::MAP_FAILED).then_some(map)
+    };
+    let mut heap = vec![0u8; len];
+    // Only the NIC writes the static, and only this test touches it.
+    let static_ptr = std::ptr::addr_of_mut!(STATIC_BUFFER).cast::<u8>();
+    let mut kinds: Vec<(&str, *mut u8)> = vec![
+        ("heap", heap.as_mut_ptr()),
+        ("anonymous mmap", anon.cast()),
+        ("memfd shared memory", shared.cast()),
+        ("static", static_ptr),
+    ];
+    if let Some(huge) = huge {
+        kinds.push(("huge page", huge.cast()));
+    } else {
+        eprintln!("no huge pages configured in this kernel: huge-page memory not exercised");
+    }
+    for (kind, ptr) in kinds {
+        // SAFETY: each mapping/buffer outlives its MR, which is dropped in this iteration.
+        let mr = unsafe { MemoryRegion::register(&qps.pd, ptr, len, Access::REMOTE) }
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let done = qps.run(
+            SendOp::Write {
+                remote_addr: ptr as u64,
+                rkey: mr.rkey(),
+            },
+            source.sge(0, len),
+        );
+        assert_eq!(done.status, Ok(()), "{kind}");
+        // SAFETY: `ptr` is valid for `len` bytes; volatile since the NIC wrote them.
+        let landed: Vec<u8> = (0..len)
+            .map(|i| unsafe { std::ptr::read_volatile(ptr.add(i)) })
+            .collect();
+        assert!(landed == pattern(99, len), "{kind}: bytes differ");
+        drop(mr);
+    }
+    // SAFETY: unmapping exactly what was mapped above, after every MR on it is gone.
+    unsafe {
+        libc::munmap(anon, len);
+        libc::munmap(shared, len);
+        libc::close(fd);
+        if let Some(huge) = huge {
+            libc::munmap(huge, 2 << 20);
+        }
+    }
+    drop(heap);
+}
