@@ -14,6 +14,19 @@ pub const PAGE_SIZE: usize = 4096;
 pub struct AlignedBuffer {
     ptr: NonNull<u8>,
     layout: Layout,
+    storage: Storage,
+}
+
+/// Size of the huge pages [`AlignedBuffer::huge`] asks for.
+pub const HUGE_PAGE_SIZE: usize = 2 << 20;
+
+/// Where an [`AlignedBuffer`]'s bytes come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Storage {
+    /// The global allocator.
+    Heap,
+    /// An anonymous mapping of explicit (hugetlbfs) huge pages, `mapped` bytes long.
+    HugeTlb { mapped: usize },
 }
 
 // SAFETY: the buffer is plain owned bytes with no thread affinity; all access to its contents
@@ -37,7 +50,49 @@ impl AlignedBuffer {
         let layout = Layout::from_size_align(len, align.max(PAGE_SIZE)).ok()?;
         // SAFETY: `layout` has a non-zero size (checked above) as `alloc_zeroed` requires.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        NonNull::new(raw).map(|ptr| Self { ptr, layout })
+        NonNull::new(raw).map(|ptr| Self {
+            ptr,
+            layout,
+            storage: Storage::Heap,
+        })
+    }
+
+    /// `len` zeroed bytes on 2 MiB huge pages: explicit huge pages (`MAP_HUGETLB`) when the
+    /// kernel has enough reserved, else 2 MiB-aligned memory marked for transparent huge
+    /// pages (`MADV_HUGEPAGE`). Fewer pages mean fewer NIC translation entries.
+    pub fn huge(len: usize) -> Option<Self> {
+        if len == 0 {
+            return None;
+        }
+        let mapped = len.checked_next_multiple_of(HUGE_PAGE_SIZE)?;
+        // SAFETY: an anonymous private mapping with no address hint; the result is checked.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+                -1,
+                0,
+            )
+        };
+        if raw != libc::MAP_FAILED {
+            let layout = Layout::from_size_align(len, HUGE_PAGE_SIZE).ok()?;
+            return NonNull::new(raw.cast()).map(|ptr| Self {
+                ptr,
+                layout,
+                storage: Storage::HugeTlb { mapped },
+            });
+        }
+        let buffer = Self::with_alignment(len, HUGE_PAGE_SIZE)?;
+        // SAFETY: advice about memory this buffer owns; failure only means no THP.
+        unsafe { libc::madvise(buffer.ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
+        Some(buffer)
+    }
+
+    /// Whether the bytes sit on explicit (hugetlbfs) huge pages.
+    pub fn is_huge_tlb(&self) -> bool {
+        matches!(self.storage, Storage::HugeTlb { .. })
     }
 
     /// Start address.
@@ -97,8 +152,14 @@ impl AlignedBuffer {
 
 impl Drop for AlignedBuffer {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from `alloc_zeroed` with exactly `self.layout` and is freed once.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        match self.storage {
+            // SAFETY: `ptr` came from `alloc_zeroed` with exactly `self.layout`; freed once.
+            Storage::Heap => unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) },
+            // SAFETY: `ptr` starts a mapping of `mapped` bytes; unmapped once.
+            Storage::HugeTlb { mapped } => unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), mapped);
+            },
+        }
     }
 }
 
@@ -179,6 +240,26 @@ mod tests {
         assert!(AlignedBuffer::new(0).is_none());
         let huge_aligned = AlignedBuffer::with_alignment(10, 2 << 20).unwrap();
         assert_eq!(huge_aligned.addr() % (2 << 20), 0);
+    }
+
+    #[test]
+    fn huge_buffers_are_huge_page_aligned_with_or_without_reserved_pages() {
+        let mut buf = AlignedBuffer::huge(3 << 20).unwrap();
+        assert_eq!(buf.addr() % HUGE_PAGE_SIZE, 0);
+        assert_eq!(buf.len(), 3 << 20);
+        buf.as_mut_slice()[(3 << 20) - 1] = 9;
+        assert_eq!(buf.as_slice()[(3 << 20) - 1], 9);
+        let reserved = std::fs::read_to_string("/proc/sys/vm/nr_hugepages")
+            .ok()
+            .and_then(|n| n.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        if reserved == 0 {
+            assert!(
+                !buf.is_huge_tlb(),
+                "no huge pages are reserved, yet MAP_HUGETLB worked"
+            );
+        }
+        assert!(AlignedBuffer::huge(0).is_none());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! `tern-memreg` owns everything about the bytes Tern moves, and nothing about moving them:
 //!
 //! - [`AlignedBuffer`]: owned, page-aligned, zeroed memory, optionally pre-touched in parallel
-//!   so that the first transfer does not pay for page faults;
+//!   so that the first transfer does not pay for page faults; huge pages on request;
+//! - [`numa_node_of`]: where a page lives, to name memory registered with location `*`;
 //! - [`RegionMap`]: an address map (`BTreeMap<start, ..>`) with overlap detection and
 //!   containing-range lookup in O(log n);
 //! - [`Region`] and [`MemoryRegistry`]: registered memory, with pins ([`RegionPin`]) that keep a
@@ -15,8 +16,12 @@
 
 mod buffer;
 mod map;
+#[cfg(feature = "verbs")]
+pub mod nic;
+mod numa;
 mod region;
 
-pub use buffer::{AlignedBuffer, PAGE_SIZE, PretouchPolicy};
+pub use buffer::{AlignedBuffer, HUGE_PAGE_SIZE, PAGE_SIZE, PretouchPolicy};
 pub use map::{MapError, RegionMap};
+pub use numa::{numa_node_of, resolve_location};
 pub use region::{MemoryError, MemoryRegistry, Region, RegionInfo, RegionPin, RegisterRaw};

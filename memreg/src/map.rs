@@ -1,6 +1,8 @@
 //! The address map: non-overlapping `[start, start + len)` ranges keyed by start address.
-
-use std::collections::BTreeMap;
+//!
+//! Kept as one vector sorted by start: a lookup is a binary search over contiguous memory
+//! (every transfer does one), while inserts and removals, which happen at registration
+//! time, shift the tail.
 
 /// Why a range could not be inserted into or found in a [`RegionMap`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -35,14 +37,13 @@ pub enum MapError {
 /// Non-overlapping address ranges with a value each.
 #[derive(Debug, Clone)]
 pub struct RegionMap<V> {
-    ranges: BTreeMap<usize, (usize, V)>,
+    /// `(start, len, value)`, sorted by start, non-overlapping.
+    ranges: Vec<(usize, usize, V)>,
 }
 
 impl<V> Default for RegionMap<V> {
     fn default() -> Self {
-        Self {
-            ranges: BTreeMap::new(),
-        }
+        Self { ranges: Vec::new() }
     }
 }
 
@@ -72,43 +73,52 @@ impl<V> RegionMap<V> {
                 existing,
             });
         }
-        self.ranges.insert(start, (len, value));
+        let at = self.ranges.partition_point(|r| r.0 < start);
+        self.ranges.insert(at, (start, len, value));
         Ok(())
     }
 
     /// Start of the first range that overlaps `[start, start + len)`, if any.
     pub fn first_overlap(&self, start: usize, len: usize) -> Result<Option<usize>, MapError> {
         let end = checked_end(start, len)?;
-        // The only candidates are the last range starting before `end`, and it overlaps iff it
+        // The only candidate is the last range starting before `end`, and it overlaps iff it
         // ends after `start`; ranges are disjoint, so no earlier one can reach further.
-        Ok(self
-            .ranges
-            .range(..end)
-            .next_back()
-            .filter(|(s, (l, _))| *s + *l > start)
-            .map(|(s, _)| *s))
+        let before_end = self.ranges.partition_point(|r| r.0 < end);
+        Ok(before_end
+            .checked_sub(1)
+            .map(|i| &self.ranges[i])
+            .filter(|(s, l, _)| *s + *l > start)
+            .map(|(s, _, _)| *s))
     }
 
     /// The range that wholly contains `[addr, addr + len)`: `(start, len, value)`.
     pub fn find_containing(&self, addr: usize, len: usize) -> Option<(usize, usize, &V)> {
         let end = checked_end(addr, len).ok()?;
-        let (start, (region_len, value)) = self.ranges.range(..=addr).next_back()?;
+        let at_or_before = self
+            .ranges
+            .partition_point(|r| r.0 <= addr)
+            .checked_sub(1)?;
+        let (start, region_len, value) = &self.ranges[at_or_before];
         (*start + *region_len >= end).then_some((*start, *region_len, value))
     }
 
     /// The range starting exactly at `start`.
     pub fn get(&self, start: usize) -> Option<(usize, &V)> {
-        self.ranges.get(&start).map(|(l, v)| (*l, v))
+        let at = self.ranges.binary_search_by_key(&start, |r| r.0).ok()?;
+        let (_, len, value) = &self.ranges[at];
+        Some((*len, value))
     }
 
     /// Removes and returns the range starting exactly at `start`.
     pub fn remove(&mut self, start: usize) -> Option<(usize, V)> {
-        self.ranges.remove(&start)
+        let at = self.ranges.binary_search_by_key(&start, |r| r.0).ok()?;
+        let (_, len, value) = self.ranges.remove(at);
+        Some((len, value))
     }
 
     /// All ranges in address order: `(start, len, value)`.
     pub fn iter(&self) -> impl Iterator<Item = (usize, usize, &V)> {
-        self.ranges.iter().map(|(s, (l, v))| (*s, *l, v))
+        self.ranges.iter().map(|(s, l, v)| (*s, *l, v))
     }
 }
 

@@ -405,7 +405,13 @@ impl MemoryRegistry {
     }
 
     /// Adds a region; fails on zero length, overflow or overlap and changes nothing then.
-    pub fn register(&self, region: Region) -> Result<Arc<Region>, MemoryError> {
+    ///
+    /// A region whose location is `"*"` is named after the NUMA node of its first page
+    /// (`cpu:<node>`), as Mooncake does, when the kernel can tell.
+    pub fn register(&self, mut region: Region) -> Result<Arc<Region>, MemoryError> {
+        if region.info.location == "*" {
+            region.info.location = crate::numa::resolve_location("*", region.info.addr);
+        }
         let region = Arc::new(region);
         self.write()
             .insert(region.addr(), region.len(), region.clone())?;

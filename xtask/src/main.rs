@@ -248,7 +248,17 @@ fn test(extra: &[String]) -> Result<(), String> {
     // The RDMA suites need real verbs: they run again inside the Soft-RoCE guest, where the
     // tests marked "needs Soft-RoCE" are included.
     deps(&[Group::Guest])?;
-    softroce_command(&["--test".into(), "-p".into(), "tern-verbs".into()])?;
+    let guest_suites = [
+        "-p",
+        "tern-verbs",
+        "-p",
+        "tern-memreg",
+        "--features",
+        "tern-memreg/verbs",
+    ];
+    let mut guest_args = vec!["--test".to_owned()];
+    guest_args.extend(guest_suites.iter().map(|a| (*a).to_owned()));
+    softroce_command(&guest_args)?;
     eprintln!(
         "xtask: all checks passed in {:.0} s",
         started.elapsed().as_secs_f64()

@@ -58,7 +58,6 @@ mkdir -p /root/dev/pts /root/dev/shm
 mount -t devpts devpts /root/dev/pts
 mount -t tmpfs tmpfs /root/dev/shm
 mount -t tmpfs -o mode=0755 tmpfs /root/run
-mount -t tmpfs -o mode=1777 tmpfs /root/tmp
 mkdir -p /root$RUN
 mount -t 9p -o $OPTS runshare /root$RUN || halt "cannot mount the run directory"
 ip link set lo up
