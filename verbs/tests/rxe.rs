@@ -369,3 +369,180 @@ fn every_kind_of_process_memory_registers_and_moves_data() {
     }
     drop(heap);
 }
+
+/// What one side of the two-process test tells the other, one line on a pipe.
+fn endpoint_line(qp: &QueuePair, gid: tern_verbs::Gid, addr: u64, rkey: u32) -> String {
+    format!("QP {} {gid} {addr} {rkey}", qp.qp_num())
+}
+
+fn parse_endpoint(line: &str) -> (u32, tern_verbs::Gid, u64, u32) {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&"QP"), "{line}");
+    (
+        fields[1].parse().unwrap(),
+        tern_verbs::Gid::parse(fields[2]).unwrap(),
+        fields[3].parse().unwrap(),
+        fields[4].parse().unwrap(),
+    )
+}
+
+struct Side {
+    qp: QueuePair,
+    cq: Arc<CompletionQueue>,
+    memory: Registered,
+    gid: tern_verbs::Gid,
+    path: PathConfig,
+}
+
+fn side() -> Side {
+    let context = Context::open(&device()).unwrap();
+    let port = context.port(1).unwrap();
+    let gid = context.select_gid(1, None).unwrap();
+    let pd = ProtectionDomain::new(&context).unwrap();
+    let cq = CompletionQueue::new(&context, 64).unwrap();
+    let qp = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+    let memory = register(&pd, 1 << 20, Access::REMOTE);
+    let path = PathConfig {
+        sgid_index: gid.index as u8,
+        mtu: port.active_mtu,
+        retry_count: 3,
+        ..PathConfig::default()
+    };
+    Side {
+        qp,
+        cq,
+        memory,
+        gid: gid.gid,
+        path,
+    }
+}
+
+/// The child process: publishes its QP and memory, connects, waits until told to stop.
+fn qp_child() {
+    use std::io::BufRead;
+    let mut me = side();
+    me.memory.write(0, &pattern(42, 1 << 20));
+    println!(
+        "{}",
+        endpoint_line(&me.qp, me.gid, me.memory.remote(0), me.memory.mr.rkey())
+    );
+    let mut lines = std::io::stdin().lock().lines();
+    let (qpn, gid, _, _) = parse_endpoint(&lines.next().unwrap().unwrap());
+    me.qp
+        .connect(
+            &Peer {
+                qp_num: qpn,
+                psn: 0,
+                gid,
+                lid: 0,
+            },
+            &me.path,
+        )
+        .unwrap();
+    println!("CONNECTED");
+    assert_eq!(lines.next().unwrap().unwrap(), "DONE");
+    assert!(
+        me.memory.read(4096, 4096) == pattern(7, 4096),
+        "the parent's write did not land"
+    );
+    println!("VERIFIED");
+    drop(me.cq);
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs"]
+fn a_queue_pair_between_two_processes_moves_data() {
+    use std::io::{BufRead, BufReader, Write};
+    if std::env::var_os("TERN_QP_CHILD").is_some() {
+        qp_child();
+        return;
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "a_queue_pair_between_two_processes_moves_data",
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TERN_QP_CHILD", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut from_child = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut to_child = child.stdin.take().unwrap();
+    // libtest prints "test <name> ... " without a newline first, so a marker may sit
+    // mid-line: take the line from the marker on.
+    let mut next_line = |marker: &str| loop {
+        let line = from_child.next().expect("child exited").unwrap();
+        if let Some(at) = line.find(marker) {
+            return line[at..].to_owned();
+        }
+    };
+    let (qpn, gid, remote_addr, rkey) = parse_endpoint(&next_line("QP "));
+    let mut me = side();
+    writeln!(to_child, "{}", endpoint_line(&me.qp, me.gid, 0, 0)).unwrap();
+    me.qp
+        .connect(
+            &Peer {
+                qp_num: qpn,
+                psn: 0,
+                gid,
+                lid: 0,
+            },
+            &me.path,
+        )
+        .unwrap();
+    next_line("CONNECTED");
+    let run = |me: &Side, op: SendOp, sge: Sge| {
+        // SAFETY: the SGE points into `me.memory`, which outlives the wait below.
+        unsafe {
+            me.qp.post_send(&[SendRequest {
+                wr_id: 1,
+                op,
+                sges: vec![sge],
+                signaled: true,
+            }])
+        }
+        .unwrap();
+        let mut out = [Completion {
+            wr_id: 0,
+            status: Ok(()),
+            byte_len: 0,
+            qp_num: 0,
+        }];
+        let started = Instant::now();
+        while me.cq.poll(&mut out).unwrap() == 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "no completion"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        out[0].status
+    };
+    let read = run(
+        &me,
+        SendOp::Read { remote_addr, rkey },
+        me.memory.sge(0, 1 << 20),
+    );
+    assert_eq!(read, Ok(()));
+    assert!(
+        me.memory.read(0, 1 << 20) == pattern(42, 1 << 20),
+        "read the wrong bytes"
+    );
+    me.memory.write(0, &pattern(7, 4096));
+    let write = run(
+        &me,
+        SendOp::Write {
+            remote_addr: remote_addr + 4096,
+            rkey,
+        },
+        me.memory.sge(0, 4096),
+    );
+    assert_eq!(write, Ok(()));
+    writeln!(to_child, "DONE").unwrap();
+    next_line("VERIFIED");
+    assert!(child.wait().unwrap().success());
+}

@@ -226,6 +226,7 @@ fn test(extra: &[String]) -> Result<(), String> {
         "clippy",
         "--workspace",
         "--all-targets",
+        "--all-features",
         "--",
         "-D",
         "warnings",
@@ -406,6 +407,40 @@ fn etcd_for_people(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// Registration cost per MiB on Soft-RoCE, measured in the guest; reported, never fatal.
+fn registration_cost_in_guest() {
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "tern-verbs",
+        "--example",
+        "registration_cost",
+    ]);
+    if run(build, "building registration_cost").is_err() {
+        return;
+    }
+    if deps(&[Group::Guest]).is_err() {
+        eprintln!("xtask: no Soft-RoCE guest here; registration cost not measured");
+        return;
+    }
+    let exe = root().join("target/release/examples/registration_cost");
+    let command = exe.display().to_string();
+    println!("\nMemory registration on Soft-RoCE (in the guest):\n");
+    let outcome = softroce::run(
+        &root(),
+        &softroce::GuestRun {
+            command: &command,
+            forward_env: Vec::new(),
+            timeout: Duration::from_secs(900),
+        },
+    );
+    if !matches!(outcome, Ok(0)) {
+        eprintln!("xtask: registration cost run failed: {outcome:?}");
+    }
+}
+
 /// The test executables `cargo test --no-run --message-format=json ARGS` builds.
 fn test_executables(args: &[String]) -> Result<Vec<String>, String> {
     let output = cargo()
@@ -434,11 +469,12 @@ fn test_executables(args: &[String]) -> Result<Vec<String>, String> {
 
 fn softroce_command(args: &[String]) -> Result<(), String> {
     deps(&[Group::Build, Group::Guest])?;
+    // Everything in the guest runs 10–50x slower than on the host; this bounds a hang.
     let timeout = Duration::from_secs(
         std::env::var("TERN_SOFTROCE_TIMEOUT")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(1800),
+            .unwrap_or(900),
     );
     let command = match args.first().map(String::as_str) {
         Some("--test") => {
@@ -580,6 +616,11 @@ fn bench(args: &[String]) -> Result<(), String> {
     let lines: Vec<String> = rows.iter().map(|r| r.4.clone()).collect();
     let _ = std::fs::write(&report, lines.join("\n") + "\n");
     println!("\nraw results: {}", report.display());
+
+    let mut pretouch = cargo();
+    pretouch.args(["bench", "-p", "tern-bench", "--bench", "pretouch"]);
+    run(pretouch, "parallel pre-touch vs memset (4 GiB)")?;
+    registration_cost_in_guest();
 
     let mut criterion = cargo();
     criterion.args(["bench", "-p", "tern-bench", "--bench", "engine", "--"]);
