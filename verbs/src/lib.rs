@@ -491,6 +491,45 @@ impl MemoryRegion {
         })
     }
 
+    /// Registers `len` bytes of a DMA-BUF (device memory such as a GPU's), at `offset` into
+    /// the buffer behind `fd`, addressed by peers as `iova`.
+    ///
+    /// # Safety
+    ///
+    /// `fd` must be a DMA-BUF file descriptor whose buffer stays allocated until this region
+    /// is dropped.
+    #[cfg(feature = "dmabuf")]
+    pub unsafe fn register_dmabuf(
+        pd: &Arc<ProtectionDomain>,
+        fd: i32,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<Self, VerbsError> {
+        // SAFETY: the caller keeps the DMA-BUF alive while the MR lives; the PD is alive.
+        let mr = unsafe {
+            sys::ibv_reg_dmabuf_mr(
+                pd.pd.as_ptr(),
+                offset,
+                len,
+                iova,
+                fd,
+                access.bits() as c_int,
+            )
+        };
+        NonNull::new(mr)
+            .map(|mr| Self {
+                mr,
+                pd: pd.clone(),
+                access,
+            })
+            .ok_or_else(|| VerbsError::RegMr {
+                len,
+                errno: errno(),
+            })
+    }
+
     /// The key local work requests use.
     pub fn lkey(&self) -> u32 {
         // SAFETY: the MR is valid while self lives; the field is immutable.
@@ -549,6 +588,19 @@ pub struct Completion {
     pub byte_len: u32,
     /// The QP it belongs to.
     pub qp_num: u32,
+    /// The immediate value of a receive completed by WRITE_WITH_IMM or SEND_WITH_IMM.
+    pub imm: Option<u32>,
+}
+
+impl Completion {
+    /// An empty slot for [`CompletionQueue::poll`] to fill.
+    pub const EMPTY: Self = Self {
+        wr_id: 0,
+        status: Ok(()),
+        byte_len: 0,
+        qp_num: 0,
+        imm: None,
+    };
 }
 
 /// A failed completion: the status code (`IBV_WC_*`) with libibverbs' name for it.
@@ -581,10 +633,11 @@ fn status_name(code: u32) -> &'static str {
     name.to_str().unwrap_or("unknown status")
 }
 
-/// A completion queue.
+/// A completion queue, optionally with a completion channel for blocking waits.
 #[derive(Debug)]
 pub struct CompletionQueue {
     cq: NonNull<sys::ibv_cq>,
+    channel: Option<NonNull<sys::ibv_comp_channel>>,
     context: Arc<Context>,
 }
 
@@ -596,27 +649,107 @@ unsafe impl Sync for CompletionQueue {}
 impl CompletionQueue {
     /// A CQ with room for `entries` completions.
     pub fn new(context: &Arc<Context>, entries: i32) -> Result<Arc<Self>, VerbsError> {
-        // SAFETY: the context is open; no channel, no user context.
+        Self::create(context, entries, None)
+    }
+
+    /// A CQ whose completions can also be waited for without spinning
+    /// ([`CompletionQueue::wait`]).
+    pub fn with_channel(context: &Arc<Context>, entries: i32) -> Result<Arc<Self>, VerbsError> {
+        // SAFETY: the context is open; the channel is destroyed after the CQ in Drop.
+        let channel = unsafe { sys::ibv_create_comp_channel(context.ctx.as_ptr()) };
+        let channel = NonNull::new(channel).ok_or_else(|| VerbsError::CreateCq {
+            entries,
+            errno: errno(),
+        })?;
+        Self::create(context, entries, Some(channel))
+    }
+
+    fn create(
+        context: &Arc<Context>,
+        entries: i32,
+        channel: Option<NonNull<sys::ibv_comp_channel>>,
+    ) -> Result<Arc<Self>, VerbsError> {
+        let channel_ptr = channel.map_or(ptr::null_mut(), NonNull::as_ptr);
+        // SAFETY: the context is open; the channel (if any) outlives the CQ.
         let cq = unsafe {
             sys::ibv_create_cq(
                 context.ctx.as_ptr(),
                 entries,
                 ptr::null_mut(),
-                ptr::null_mut(),
+                channel_ptr,
                 0,
             )
         };
-        NonNull::new(cq)
-            .map(|cq| {
-                Arc::new(Self {
-                    cq,
-                    context: context.clone(),
-                })
-            })
-            .ok_or_else(|| VerbsError::CreateCq {
-                entries,
-                errno: errno(),
-            })
+        match NonNull::new(cq) {
+            Some(cq) => Ok(Arc::new(Self {
+                cq,
+                channel,
+                context: context.clone(),
+            })),
+            None => {
+                let errno = errno();
+                if let Some(channel) = channel {
+                    // SAFETY: created above and used by nothing.
+                    unsafe { sys::ibv_destroy_comp_channel(channel.as_ptr()) };
+                }
+                Err(VerbsError::CreateCq { entries, errno })
+            }
+        }
+    }
+
+    /// Sleeps until a completion arrives or `timeout` passes, then polls into `out`; returns
+    /// how many completions were taken (0 on timeout). Needs a CQ made
+    /// [`with_channel`](Self::with_channel).
+    pub fn wait(
+        &self,
+        out: &mut [Completion],
+        timeout: std::time::Duration,
+    ) -> Result<usize, VerbsError> {
+        let Some(channel) = self.channel else {
+            return Err(VerbsError::InvalidRequest(
+                "wait needs a CQ with a completion channel",
+            ));
+        };
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let got = self.poll(out)?;
+            if got > 0 {
+                return Ok(got);
+            }
+            // Arm, then poll again: a completion that landed before arming raises no event.
+            // SAFETY: the CQ is alive.
+            let rc = unsafe { sys::ibv_req_notify_cq(self.cq.as_ptr(), 0) };
+            if rc != 0 {
+                return Err(VerbsError::PollCq(-rc.abs()));
+            }
+            let got = self.poll(out)?;
+            if got > 0 {
+                return Ok(got);
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(0);
+            }
+            // SAFETY: the channel lives as long as self; `fd` is its event descriptor.
+            let fd = unsafe { channel.as_ref().fd };
+            let mut pollfd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let millis = left.as_millis().clamp(1, i32::MAX as u128) as c_int;
+            // SAFETY: one valid pollfd for the duration of the call.
+            let ready = unsafe { libc::poll(&mut pollfd, 1, millis) };
+            if ready > 0 {
+                let mut cq: *mut sys::ibv_cq = ptr::null_mut();
+                let mut user: *mut std::os::raw::c_void = ptr::null_mut();
+                // SAFETY: poll said an event is ready, so this returns at once.
+                if unsafe { sys::ibv_get_cq_event(channel.as_ptr(), &mut cq, &mut user) } == 0 {
+                    // SAFETY: acknowledges the one event just taken for this CQ.
+                    unsafe { sys::ibv_ack_cq_events(self.cq.as_ptr(), 1) };
+                }
+            }
+        }
     }
 
     /// Takes up to `out.len()` completions without blocking; returns how many.
@@ -643,6 +776,9 @@ impl CompletionQueue {
                 },
                 byte_len: wc.byte_len,
                 qp_num: wc.qp_num,
+                imm: (wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
+                    // SAFETY: with IBV_WC_WITH_IMM set, the union holds the immediate value.
+                    .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
             };
         }
         Ok(got as usize)
@@ -656,8 +792,13 @@ impl CompletionQueue {
 
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
-        // SAFETY: QPs hold an Arc of their CQ, so none is alive; destroyed once.
+        // SAFETY: QPs hold an Arc of their CQ, so none is alive; destroyed once, before the
+        // channel it reports to (every event taken was acknowledged in `wait`).
         unsafe { sys::ibv_destroy_cq(self.cq.as_ptr()) };
+        if let Some(channel) = self.channel {
+            // SAFETY: the CQ using it is gone; destroyed once.
+            unsafe { sys::ibv_destroy_comp_channel(channel.as_ptr()) };
+        }
     }
 }
 
@@ -1022,6 +1163,53 @@ impl QueuePair {
         let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
             return Err(VerbsError::PostSend(rc));
+        }
+        Ok(())
+    }
+}
+
+impl QueuePair {
+    /// Posts receive work requests (for SEND and WRITE_WITH_IMM from the peer).
+    ///
+    /// # Safety
+    ///
+    /// As [`QueuePair::post_send`]: every SGE inside a live MR of this QP's domain, the memory
+    /// valid and otherwise untouched until the receive completes or the QP is reset or
+    /// dropped.
+    pub unsafe fn post_recv(&self, requests: &[(u64, Vec<Sge>)]) -> Result<(), VerbsError> {
+        if requests.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<Vec<sys::ibv_sge>> = requests
+            .iter()
+            .map(|(_, list)| {
+                list.iter()
+                    .map(|s| sys::ibv_sge {
+                        addr: s.addr,
+                        length: s.len,
+                        lkey: s.lkey,
+                    })
+                    .collect()
+            })
+            .collect();
+        // SAFETY: ibv_recv_wr is plain data; zero is valid.
+        let mut wrs: Vec<sys::ibv_recv_wr> = (0..requests.len())
+            .map(|_| unsafe { std::mem::zeroed() })
+            .collect();
+        for (i, (wr_id, _)) in requests.iter().enumerate() {
+            wrs[i].wr_id = *wr_id;
+            wrs[i].sg_list = sges[i].as_mut_ptr();
+            wrs[i].num_sge = sges[i].len() as c_int;
+        }
+        for i in 1..wrs.len() {
+            let next: *mut sys::ibv_recv_wr = &mut wrs[i];
+            wrs[i - 1].next = next;
+        }
+        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: the chain lives until the call returns; memory per this fn's contract.
+        let rc = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::PostRecv(rc));
         }
         Ok(())
     }

@@ -77,12 +77,7 @@ impl Loop {
         // SAFETY: every SGE in these tests points into an MR that outlives the wait below.
         unsafe { self.a.post_send(&[request]) }.unwrap();
         let started = Instant::now();
-        let mut out = [Completion {
-            wr_id: 0,
-            status: Ok(()),
-            byte_len: 0,
-            qp_num: 0,
-        }];
+        let mut out = [Completion::EMPTY];
         loop {
             if self.cq.poll(&mut out).unwrap() == 1 {
                 return out[0];
@@ -506,12 +501,7 @@ fn a_queue_pair_between_two_processes_moves_data() {
             }])
         }
         .unwrap();
-        let mut out = [Completion {
-            wr_id: 0,
-            status: Ok(()),
-            byte_len: 0,
-            qp_num: 0,
-        }];
+        let mut out = [Completion::EMPTY];
         let started = Instant::now();
         while me.cq.poll(&mut out).unwrap() == 0 {
             assert!(
@@ -545,4 +535,126 @@ fn a_queue_pair_between_two_processes_moves_data() {
     writeln!(to_child, "DONE").unwrap();
     next_line("VERIFIED");
     assert!(child.wait().unwrap().success());
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs"]
+fn send_receive_and_write_with_immediate_wake_a_blocking_waiter() {
+    let context = Context::open(&device()).unwrap();
+    let port = context.port(1).unwrap();
+    let gid = context.select_gid(1, None).unwrap();
+    let pd = ProtectionDomain::new(&context).unwrap();
+    let cq = CompletionQueue::with_channel(&context, 64).unwrap();
+    let a = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+    let b = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+    let path = PathConfig {
+        sgid_index: gid.index as u8,
+        mtu: port.active_mtu,
+        retry_count: 3,
+        ..PathConfig::default()
+    };
+    let peer = |qp: &QueuePair| Peer {
+        qp_num: qp.qp_num(),
+        psn: 0,
+        gid: gid.gid,
+        lid: 0,
+    };
+    a.connect(&peer(&b), &path).unwrap();
+    b.connect(&peer(&a), &path).unwrap();
+    let mut sender = register(&pd, 4096, Access::REMOTE);
+    let receiver = register(&pd, 4096, Access::REMOTE);
+    // SAFETY: both receive buffers live in `receiver`, which outlives the waits below.
+    unsafe {
+        b.post_recv(&[
+            (100, vec![receiver.sge(0, 256)]),
+            (101, vec![receiver.sge(256, 256)]),
+        ])
+    }
+    .unwrap();
+
+    // Nothing happened yet: the waiter sleeps for its timeout and takes nothing.
+    let mut out = [Completion::EMPTY; 4];
+    let started = Instant::now();
+    assert_eq!(cq.wait(&mut out, Duration::from_millis(300)).unwrap(), 0);
+    assert!(started.elapsed() >= Duration::from_millis(250));
+
+    sender.write(0, b"small control message");
+    let send = SendRequest {
+        wr_id: 1,
+        op: SendOp::Send,
+        sges: vec![sender.sge(0, 21)],
+        signaled: true,
+    };
+    let write_imm = SendRequest {
+        wr_id: 2,
+        op: SendOp::WriteWithImm {
+            remote_addr: receiver.remote(1024),
+            rkey: receiver.mr.rkey(),
+            imm: 0xC0FFEE,
+        },
+        sges: vec![sender.sge(0, 5)],
+        signaled: true,
+    };
+    // SAFETY: the SGEs point into `sender`, which outlives the waits below.
+    unsafe { a.post_send(&[send, write_imm]) }.unwrap();
+
+    let mut seen = Vec::new();
+    let started = Instant::now();
+    while seen.len() < 4 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "completions: {seen:?}"
+        );
+        let got = cq.wait(&mut out, Duration::from_secs(10)).unwrap();
+        seen.extend_from_slice(&out[..got]);
+    }
+    assert!(seen.iter().all(|c| c.status.is_ok()), "{seen:?}");
+    let recv_send = seen.iter().find(|c| c.wr_id == 100).unwrap();
+    assert_eq!((recv_send.byte_len, recv_send.imm), (21, None));
+    assert_eq!(receiver.read(0, 21), b"small control message");
+    let recv_imm = seen.iter().find(|c| c.wr_id == 101).unwrap();
+    assert_eq!(recv_imm.imm, Some(0xC0FFEE));
+    assert_eq!(receiver.read(1024, 5), b"small");
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs"]
+fn a_low_locked_memory_limit_is_a_clear_error() {
+    if std::env::var_os("TERN_MEMLOCK_CHILD").is_some() {
+        let context = Context::open(&device()).unwrap();
+        let pd = ProtectionDomain::new(&context).unwrap();
+        let mut memory = vec![0u8; 64 << 20];
+        // SAFETY: `memory` outlives the attempt; a successful MR would be dropped at once.
+        let error = unsafe {
+            MemoryRegion::register(&pd, memory.as_mut_ptr(), memory.len(), Access::REMOTE)
+        }
+        .expect_err("64 MiB registered under a 64 KiB locked-memory limit");
+        assert!(
+            matches!(error, tern_verbs::VerbsError::MemlockLimit { .. }),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("ulimit -l"), "{error}");
+        return;
+    }
+    // Root may lock any amount (CAP_IPC_LOCK): run the check as an unprivileged user with a
+    // 64 KiB limit, as most service users are.
+    let status = std::process::Command::new("prlimit")
+        .args([
+            "--memlock=65536:65536",
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "a_low_locked_memory_limit_is_a_clear_error",
+            "--exact",
+            "--include-ignored",
+            "--test-threads=1",
+        ])
+        .env("TERN_MEMLOCK_CHILD", "1")
+        .status()
+        .unwrap();
+    assert!(status.success(), "the unprivileged check failed: {status}");
 }
