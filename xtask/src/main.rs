@@ -130,7 +130,7 @@ fn main() -> ExitCode {
         Some("softroce") => softroce_command(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: ibv_devinfo) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot"
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: ibv_devinfo) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked"
             );
             return ExitCode::from(2);
         }
@@ -260,6 +260,20 @@ fn test(extra: &[String]) -> Result<(), String> {
     let mut guest_args = vec!["--test".to_owned()];
     guest_args.extend(guest_suites.iter().map(|a| (*a).to_owned()));
     softroce_command(&guest_args)?;
+    // Cross-machine traffic over two NICs needs two guests.
+    let two_node = test_executables(&[
+        "-p".into(),
+        "tern-verbs".into(),
+        "--test".into(),
+        "two_node".into(),
+    ])?;
+    let exe = two_node
+        .first()
+        .ok_or("the two_node test binary was not built")?;
+    let command = format!(
+        "'{exe}' --include-ignored --exact rc_traffic_crosses_both_links_between_two_nodes --test-threads=1"
+    );
+    softroce_command(&["--two-nodes".into(), command.clone(), command])?;
     eprintln!(
         "xtask: all checks passed in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -490,6 +504,28 @@ fn softroce_command(args: &[String]) -> Result<(), String> {
             }
             script.push_str("exit $status\n");
             script
+        }
+        Some("--two-nodes") => {
+            let (a, b) = match (args.get(1), args.get(2)) {
+                (Some(a), Some(b)) => (a.clone(), b.clone()),
+                _ => {
+                    return Err(
+                        "--two-nodes takes two commands: one for node a, one for node b".into(),
+                    );
+                }
+            };
+            let forward: Vec<String> = std::env::vars()
+                .map(|(k, _)| k)
+                .filter(|k| {
+                    k.starts_with("RUST_") || k.starts_with("TERN_") || k.starts_with("MC_")
+                })
+                .collect();
+            let status = softroce::run_two_nodes(&root(), &a, &b, &forward, timeout)?;
+            return if status == 0 {
+                Ok(())
+            } else {
+                Err(format!("the two-node run exited with {status}"))
+            };
         }
         Some("--") => args[1..].join(" "),
         Some(other) => return Err(format!("unknown softroce argument {other:?}")),

@@ -21,6 +21,7 @@ const MODULES: &[&str] = &[
     "9p",
     "overlay",
     "dummy",
+    "virtio_net",
     "crc32-pclmul",
     "crc32_generic",
     "ib_uverbs",
@@ -61,22 +62,53 @@ mount -t tmpfs -o mode=0755 tmpfs /root/run
 mkdir -p /root$RUN
 mount -t 9p -o $OPTS runshare /root$RUN || halt "cannot mount the run directory"
 ip link set lo up
-ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy || halt "no dummy0"
-ip addr add 10.77.0.1/24 dev dummy0
-ip link set dummy0 mtu 9000
-ip link set dummy0 up
-chroot /root /usr/bin/rdma link add rxe0 type rxe netdev dummy0 || halt "rdma link add rxe0 failed"
+NODE=
+for arg in $(cat /proc/cmdline); do
+  case $arg in tern.node=*) NODE=${arg#tern.node=} ;; esac
+done
+if [ -z "$NODE" ]; then
+  ip link show dummy0 >/dev/null 2>&1 || ip link add dummy0 type dummy || halt "no dummy0"
+  ip addr add 10.77.0.1/24 dev dummy0
+  ip link set dummy0 mtu 9000
+  ip link set dummy0 up
+  chroot /root /usr/bin/rdma link add rxe0 type rxe netdev dummy0 || halt "rdma link add rxe0 failed"
+  NODE_ENV="TERN_RXE=rxe0 TERN_RXE_ADDR=10.77.0.1"
+else
+  # Two nodes, two links: NIC n of node a has MAC 52:54:00:4e:0n:01, of node b ...:02.
+  if [ "$NODE" = a ]; then ME=1; PEER=2; OTHER=b; else ME=2; PEER=1; OTHER=a; fi
+  for link in 0 1; do
+    for dev in /sys/class/net/*; do
+      if [ "$(cat $dev/address)" = "52:54:00:4e:0$link:0$ME" ]; then
+        ip link set "$(basename $dev)" name tern$link
+      fi
+    done
+    ip link set tern$link mtu 9000
+    ip addr add 10.78.$link.$ME/24 dev tern$link
+    ip link set tern$link up
+    chroot /root /usr/bin/rdma link add rxe$link type rxe netdev tern$link || halt "rdma link add rxe$link failed"
+  done
+  echo 100 > /proc/sys/net/ipv4/neigh/default/retrans_time_ms 2>/dev/null
+  for link in 0 1; do
+    tries=0
+    until ping -c 1 -W 1 10.78.$link.$PEER >/dev/null 2>&1; do
+      tries=$((tries + 1))
+      [ $tries -gt 240 ] && halt "peer not reachable on link $link"
+    done
+  done
+  NODE_ENV="TERN_NODE=$NODE TERN_PEER=$OTHER TERN_RXE=rxe0 TERN_RXE1=rxe1 TERN_ADDR0=10.78.0.$ME TERN_ADDR1=10.78.1.$ME TERN_PEER_ADDR0=10.78.0.$PEER TERN_PEER_ADDR1=10.78.1.$PEER TERN_SYNC=$RUN/sync"
+  mkdir -p /root$RUN/sync
+fi
 # What rdma-core's udev rules do on a normal host: verbs devices are for every user.
 chmod 666 /root/dev/infiniband/* 2>/dev/null
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
 ulimit -l unlimited
 chroot /root /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  HOME=/tmp TERM=dumb LANG=C.UTF-8 TERN_RXE=rxe0 TERN_RXE_ADDR=10.77.0.1 TERN_IN_GUEST=1 \
-  /bin/bash $RUN/cmd.sh </dev/null >/dev/ttyS1 2>&1
+  HOME=/tmp TERM=dumb LANG=C.UTF-8 TERN_IN_GUEST=1 $NODE_ENV \
+  /bin/bash $RUN/cmd$NODE.sh </dev/null >/dev/ttyS1 2>&1
 status=$?
 kill -TERM -1 2>/dev/null; sleep 0.2; kill -KILL -1 2>/dev/null
 : > /dev/ttyS1
-echo $status > /root$RUN/status
+echo $status > /root$RUN/status$NODE
 sync
 umount /root$RUN
 poweroff -f
@@ -320,21 +352,10 @@ fn kvm_can_boot_stock_kernels() -> bool {
             || Path::new("/sys/module/kvm_amd").exists())
 }
 
-/// Boots the guest, runs the command, returns its exit status (124 on timeout, 125 when the
-/// guest failed before the command could report).
-pub fn run(root: &Path, job: &GuestRun<'_>) -> Result<i32, String> {
-    let started = Instant::now();
-    let cache = cache_dir(root);
-    let (vmlinux, initrd) = prepare(&cache)?;
-    let run_dir = std::env::temp_dir().join(format!(
-        "tern-guest-{}-{}",
-        std::process::id(),
-        started.elapsed().as_nanos()
-    ));
-    std::fs::create_dir_all(&run_dir).map_err(|e| e.to_string())?;
+fn script(command: &str, forward_env: &[String]) -> Result<String, String> {
     let cwd = std::env::current_dir().map_err(|e| e.to_string())?;
     let mut script = String::from("set -o pipefail\n");
-    for name in &job.forward_env {
+    for name in forward_env {
         if let Ok(value) = std::env::var(name) {
             script.push_str(&format!(
                 "export {name}='{}'\n",
@@ -342,27 +363,40 @@ pub fn run(root: &Path, job: &GuestRun<'_>) -> Result<i32, String> {
             ));
         }
     }
-    script.push_str(&format!(
-        "cd '{}' || exit 125\n{}\n",
-        cwd.display(),
-        job.command
-    ));
-    std::fs::write(run_dir.join("cmd.sh"), script).map_err(|e| e.to_string())?;
+    script.push_str(&format!("cd '{}' || exit 125\n{command}\n", cwd.display()));
+    Ok(script)
+}
 
+/// The qemu command line shared by both modes.
+fn qemu(
+    vmlinux: &Path,
+    initrd: &Path,
+    run_dir: &Path,
+    node: &str,
+    memory: &str,
+    cpus: &str,
+) -> Command {
     let accel: &[&str] = if kvm_can_boot_stock_kernels() {
         &["-accel", "kvm", "-cpu", "host"]
     } else {
         &["-accel", "tcg,thread=multi", "-cpu", "max"]
     };
-    let console = run_dir.join("console.log");
+    let console = run_dir.join(format!("console{node}.log"));
+    let mut append = format!(
+        "console=ttyS0 quiet loglevel=4 panic=-1 tern.run={}",
+        run_dir.display()
+    );
+    if !node.is_empty() {
+        append.push_str(&format!(" tern.node={node}"));
+    }
     let mut qemu = Command::new("qemu-system-x86_64");
     qemu.args(["-M", "pc"])
         .args(accel)
         .args([
             "-m",
-            "2G",
+            memory,
             "-smp",
-            "2",
+            cpus,
             "-nodefaults",
             "-no-user-config",
             "-display",
@@ -370,9 +404,9 @@ pub fn run(root: &Path, job: &GuestRun<'_>) -> Result<i32, String> {
         ])
         .args(["-vga", "none", "-no-reboot", "-nic", "none"])
         .arg("-kernel")
-        .arg(&vmlinux)
+        .arg(vmlinux)
         .arg("-initrd")
-        .arg(&initrd)
+        .arg(initrd)
         .args([
             "-chardev",
             &format!("file,id=console,path={}", console.display()),
@@ -396,61 +430,204 @@ pub fn run(root: &Path, job: &GuestRun<'_>) -> Result<i32, String> {
                 run_dir.display()
             ),
         ])
-        .args([
-            "-append",
-            &format!(
-                "console=ttyS0 quiet loglevel=4 panic=-1 tern.run={}",
-                run_dir.display()
-            ),
-        ])
+        .args(["-append", &append])
         .stdin(Stdio::null());
     if Path::new("/usr/share/qemu/qboot.rom").exists() {
         qemu.args(["-bios", "/usr/share/qemu/qboot.rom"]);
     }
-    let mut child = qemu
-        .spawn()
-        .map_err(|e| format!("qemu-system-x86_64: {e}"))?;
-    let status = loop {
-        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
-            break Some(status);
+    qemu
+}
+
+fn run_dir(root: &Path) -> Result<PathBuf, String> {
+    let _ = root;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let dir = std::env::temp_dir().join(format!("tern-guest-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    Ok(dir)
+}
+
+fn console_tail(run_dir: &Path, node: &str) -> String {
+    let log =
+        std::fs::read_to_string(run_dir.join(format!("console{node}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Waits for every child, killing them all at `deadline`; `None` per child on timeout.
+fn wait_all(
+    children: &mut [std::process::Child],
+    deadline: Instant,
+) -> Vec<Option<std::process::ExitStatus>> {
+    let mut done: Vec<Option<std::process::ExitStatus>> = vec![None; children.len()];
+    loop {
+        for (child, slot) in children.iter_mut().zip(done.iter_mut()) {
+            if slot.is_none() {
+                *slot = child.try_wait().ok().flatten();
+            }
         }
-        if started.elapsed() > job.timeout {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
+        if done.iter().all(Option::is_some) {
+            return done;
+        }
+        if Instant::now() >= deadline {
+            for (child, slot) in children.iter_mut().zip(&done) {
+                if slot.is_none() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+            return done;
         }
         std::thread::sleep(Duration::from_millis(50));
-    };
-    let reported = std::fs::read_to_string(run_dir.join("status"))
+    }
+}
+
+/// The outcome of one guest: its command's status, 124 on timeout, 125 when it never ran.
+fn outcome(
+    run_dir: &Path,
+    node: &str,
+    status: Option<std::process::ExitStatus>,
+    timeout: Duration,
+) -> i32 {
+    let reported = std::fs::read_to_string(run_dir.join(format!("status{node}")))
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok());
-    let tail = || {
-        let log = std::fs::read_to_string(&console).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    };
-    let outcome = match (status, reported) {
+    match (status, reported) {
         (None, _) => {
             eprintln!(
-                "xtask softroce: timed out after {:?}\n{}",
-                job.timeout,
-                tail()
+                "xtask softroce: guest {node} timed out after {timeout:?}\n{}",
+                console_tail(run_dir, node)
             );
             124
         }
         (Some(_), Some(code)) => code,
         (Some(status), None) => {
             eprintln!(
-                "xtask softroce: the guest ended ({status}) without reporting; console:\n{}",
-                tail()
+                "xtask softroce: guest {node} ended ({status}) without reporting; console:\n{}",
+                console_tail(run_dir, node)
             );
             125
         }
-    };
+    }
+}
+
+/// Boots the guest, runs the command, returns its exit status (124 on timeout, 125 when the
+/// guest failed before the command could report).
+pub fn run(root: &Path, job: &GuestRun<'_>) -> Result<i32, String> {
+    let started = Instant::now();
+    let (vmlinux, initrd) = prepare(&cache_dir(root))?;
+    let dir = run_dir(root)?;
+    std::fs::write(dir.join("cmd.sh"), script(job.command, &job.forward_env)?)
+        .map_err(|e| e.to_string())?;
+    let child = qemu(&vmlinux, &initrd, &dir, "", "2G", "2")
+        .spawn()
+        .map_err(|e| format!("qemu-system-x86_64: {e}"))?;
+    let mut children = [child];
+    let statuses = wait_all(&mut children, started + job.timeout);
+    let code = outcome(&dir, "", statuses[0], job.timeout);
     eprintln!(
         "xtask softroce: guest run took {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let _ = std::fs::remove_dir_all(&run_dir);
-    Ok(outcome)
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(code)
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// Whether something listens on 127.0.0.1:`port` (read from /proc, so no connection is
+/// made: qemu's stream server takes the first connection as its link).
+fn listening(port: u16) -> bool {
+    let needle = format!("0100007F:{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp").is_ok_and(|table| {
+        table.lines().any(|l| {
+            l.split_whitespace().nth(1) == Some(needle.as_str())
+                && l.split_whitespace().nth(3) == Some("0A")
+        })
+    })
+}
+
+/// Two guests, `a` and `b`, each with two NICs (`rxe0` on link 0, `rxe1` on link 1), the
+/// links being QEMU stream sockets on 127.0.0.1. Both commands start once each node reaches
+/// the other on both links; they share `$TERN_SYNC` (a directory) to coordinate. Returns
+/// a's status if it failed, else b's.
+pub fn run_two_nodes(
+    root: &Path,
+    command_a: &str,
+    command_b: &str,
+    forward_env: &[String],
+    timeout: Duration,
+) -> Result<i32, String> {
+    let started = Instant::now();
+    let (vmlinux, initrd) = prepare(&cache_dir(root))?;
+    let dir = run_dir(root)?;
+    std::fs::write(dir.join("cmda.sh"), script(command_a, forward_env)?)
+        .map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("cmdb.sh"), script(command_b, forward_env)?)
+        .map_err(|e| e.to_string())?;
+    let ports = [free_port()?, free_port()?];
+    let nics = |node: &str, server: bool| {
+        let id = if node == "a" { 1 } else { 2 };
+        let mut args = Vec::new();
+        for (link, port) in ports.iter().enumerate() {
+            args.push("-netdev".to_owned());
+            args.push(format!(
+                "stream,id=link{link},server={},addr.type=inet,addr.host=127.0.0.1,addr.port={port}",
+                if server { "on" } else { "off" }
+            ));
+            args.push("-device".to_owned());
+            args.push(format!(
+                "virtio-net-pci,netdev=link{link},mac=52:54:00:4e:0{link}:0{id},romfile="
+            ));
+        }
+        args
+    };
+    let spawn = |node: &str, server: bool| {
+        let mut command = qemu(&vmlinux, &initrd, &dir, node, "1536M", "1");
+        command.args(nics(node, server)).stdout(Stdio::piped());
+        command
+            .spawn()
+            .map_err(|e| format!("qemu-system-x86_64 ({node}): {e}"))
+    };
+    let mut a = spawn("a", true)?;
+    let listen_deadline = Instant::now() + Duration::from_secs(30);
+    while !ports.iter().all(|p| listening(*p)) {
+        if Instant::now() > listen_deadline || a.try_wait().ok().flatten().is_some() {
+            let _ = a.kill();
+            return Err("node a's qemu did not listen on its links".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut b = spawn("b", false)?;
+    let relays: Vec<_> = [("a", a.stdout.take()), ("b", b.stdout.take())]
+        .into_iter()
+        .filter_map(|(node, out)| out.map(|out| (node, out)))
+        .map(|(node, out)| {
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    println!("[{node}] {line}");
+                }
+            })
+        })
+        .collect();
+    let mut children = [a, b];
+    let statuses = wait_all(&mut children, started + timeout);
+    for relay in relays {
+        let _ = relay.join();
+    }
+    let code_a = outcome(&dir, "a", statuses[0], timeout);
+    let code_b = outcome(&dir, "b", statuses[1], timeout);
+    eprintln!(
+        "xtask softroce: two-node run took {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(if code_a != 0 { code_a } else { code_b })
 }
