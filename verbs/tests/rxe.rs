@@ -332,6 +332,10 @@ fn every_kind_of_process_memory_registers_and_moves_data() {
     if let Some(huge) = huge {
         kinds.push(("huge page", huge.cast()));
     } else {
+        assert!(
+            std::env::var_os("TERN_IN_GUEST").is_none(),
+            "the guest reserves huge pages, yet none could be mapped"
+        );
         eprintln!("no huge pages configured in this kernel: huge-page memory not exercised");
     }
     for (kind, ptr) in kinds {

@@ -130,7 +130,7 @@ fn main() -> ExitCode {
         Some("softroce") => softroce_command(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: ibv_devinfo) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked"
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked"
             );
             return ExitCode::from(2);
         }
@@ -249,17 +249,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     // The RDMA suites need real verbs: they run again inside the Soft-RoCE guest, where the
     // tests marked "needs Soft-RoCE" are included.
     deps(&[Group::Guest])?;
-    let guest_suites = [
-        "-p",
-        "tern-verbs",
-        "-p",
-        "tern-memreg",
-        "--features",
-        "tern-memreg/verbs",
-    ];
-    let mut guest_args = vec!["--test".to_owned()];
-    guest_args.extend(guest_suites.iter().map(|a| (*a).to_owned()));
-    softroce_command(&guest_args)?;
+    softroce_command(&[])?;
     // Cross-machine traffic over two NICs needs two guests.
     let two_node = test_executables(&[
         "-p".into(),
@@ -529,7 +519,19 @@ fn softroce_command(args: &[String]) -> Result<(), String> {
         }
         Some("--") => args[1..].join(" "),
         Some(other) => return Err(format!("unknown softroce argument {other:?}")),
-        None => "ibv_devinfo".to_owned(),
+        None => {
+            // No command: the RDMA suites, as `cargo xtask test` runs them.
+            let suites = [
+                "--test",
+                "-p",
+                "tern-verbs",
+                "-p",
+                "tern-memreg",
+                "--features",
+                "tern-memreg/verbs",
+            ];
+            return softroce_command(&suites.map(str::to_owned));
+        }
     };
     let forward: Vec<String> = std::env::vars()
         .map(|(k, _)| k)

@@ -98,6 +98,8 @@ else
   NODE_ENV="TERN_NODE=$NODE TERN_PEER=$OTHER TERN_RXE=rxe0 TERN_RXE1=rxe1 TERN_ADDR0=10.78.0.$ME TERN_ADDR1=10.78.1.$ME TERN_PEER_ADDR0=10.78.0.$PEER TERN_PEER_ADDR1=10.78.1.$PEER TERN_SYNC=$RUN/sync"
   mkdir -p /root$RUN/sync
 fi
+# Huge pages for the tests that register huge-page memory.
+echo 16 > /proc/sys/vm/nr_hugepages 2>/dev/null
 # What rdma-core's udev rules do on a normal host: verbs devices are for every user.
 chmod 666 /root/dev/infiniband/* 2>/dev/null
 stty -F /dev/ttyS1 raw -echo 2>/dev/null
