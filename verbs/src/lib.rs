@@ -897,6 +897,16 @@ pub struct Sge {
     pub lkey: u32,
 }
 
+fn raw_sges(list: &[Sge]) -> Vec<sys::ibv_sge> {
+    list.iter()
+        .map(|s| sys::ibv_sge {
+            addr: s.addr,
+            length: s.len,
+            lkey: s.lkey,
+        })
+        .collect()
+}
+
 /// What a send work request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendOp {
@@ -1099,19 +1109,7 @@ impl QueuePair {
                 "an RDMA request needs at least one SGE",
             ));
         }
-        let mut sges: Vec<Vec<sys::ibv_sge>> = requests
-            .iter()
-            .map(|r| {
-                r.sges
-                    .iter()
-                    .map(|s| sys::ibv_sge {
-                        addr: s.addr,
-                        length: s.len,
-                        lkey: s.lkey,
-                    })
-                    .collect()
-            })
-            .collect();
+        let mut sges: Vec<Vec<sys::ibv_sge>> = requests.iter().map(|r| raw_sges(&r.sges)).collect();
         // SAFETY: ibv_send_wr is plain data (pointers and integers); zero is valid.
         let mut wrs: Vec<sys::ibv_send_wr> = (0..requests.len())
             .map(|_| unsafe { std::mem::zeroed() })
@@ -1180,18 +1178,8 @@ impl QueuePair {
         if requests.is_empty() {
             return Ok(());
         }
-        let mut sges: Vec<Vec<sys::ibv_sge>> = requests
-            .iter()
-            .map(|(_, list)| {
-                list.iter()
-                    .map(|s| sys::ibv_sge {
-                        addr: s.addr,
-                        length: s.len,
-                        lkey: s.lkey,
-                    })
-                    .collect()
-            })
-            .collect();
+        let mut sges: Vec<Vec<sys::ibv_sge>> =
+            requests.iter().map(|(_, list)| raw_sges(list)).collect();
         // SAFETY: ibv_recv_wr is plain data; zero is valid.
         let mut wrs: Vec<sys::ibv_recv_wr> = (0..requests.len())
             .map(|_| unsafe { std::mem::zeroed() })

@@ -19,7 +19,6 @@ fn device() -> String {
 /// Two RC QPs on one device, connected to each other.
 struct Loop {
     pd: Arc<ProtectionDomain>,
-    cq: Arc<CompletionQueue>,
     a: QueuePair,
     b: QueuePair,
     path: PathConfig,
@@ -45,7 +44,6 @@ impl Loop {
         };
         let this = Self {
             pd,
-            cq,
             a,
             b,
             path,
@@ -68,27 +66,30 @@ impl Loop {
 
     /// Posts one signaled request on `a` and waits for its completion.
     fn run(&self, op: SendOp, sge: Sge) -> Completion {
-        let request = SendRequest {
-            wr_id: 7,
-            op,
-            sges: vec![sge],
-            signaled: true,
-        };
-        // SAFETY: every SGE in these tests points into an MR that outlives the wait below.
-        unsafe { self.a.post_send(&[request]) }.unwrap();
-        let started = Instant::now();
-        let mut out = [Completion::EMPTY];
-        loop {
-            if self.cq.poll(&mut out).unwrap() == 1 {
-                return out[0];
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "no completion"
-            );
-            std::thread::sleep(Duration::from_micros(200));
-        }
+        post_and_wait(&self.a, op, sge)
     }
+}
+
+/// Posts one signaled request on `qp` and polls its CQ until the completion arrives.
+fn post_and_wait(qp: &QueuePair, op: SendOp, sge: Sge) -> Completion {
+    let request = SendRequest {
+        wr_id: 7,
+        op,
+        sges: vec![sge],
+        signaled: true,
+    };
+    // SAFETY: every SGE in these tests points into an MR that outlives the wait below.
+    unsafe { qp.post_send(&[request]) }.unwrap();
+    let started = Instant::now();
+    let mut out = [Completion::EMPTY];
+    while qp.cq().poll(&mut out).unwrap() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no completion"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    out[0]
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -494,28 +495,7 @@ fn a_queue_pair_between_two_processes_moves_data() {
         )
         .unwrap();
     next_line("CONNECTED");
-    let run = |me: &Side, op: SendOp, sge: Sge| {
-        // SAFETY: the SGE points into `me.memory`, which outlives the wait below.
-        unsafe {
-            me.qp.post_send(&[SendRequest {
-                wr_id: 1,
-                op,
-                sges: vec![sge],
-                signaled: true,
-            }])
-        }
-        .unwrap();
-        let mut out = [Completion::EMPTY];
-        let started = Instant::now();
-        while me.cq.poll(&mut out).unwrap() == 0 {
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "no completion"
-            );
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        out[0].status
-    };
+    let run = |me: &Side, op: SendOp, sge: Sge| post_and_wait(&me.qp, op, sge).status;
     let read = run(
         &me,
         SendOp::Read { remote_addr, rkey },
