@@ -1,9 +1,12 @@
 //! The `tern-bench` binary as a user runs it, and a target process that dies mid-transfer.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+#[path = "support/target.rs"]
+mod support;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use support::start_target;
 use tern_engine::{BatchState, TransferEngine, TransferError, TransferRequest, TransferStatus};
 use tern_transport_tcp::TcpTransport;
 
@@ -86,22 +89,10 @@ fn bad_flags_and_unreachable_targets_fail_with_a_message() {
 
 #[test]
 fn a_target_killed_mid_transfer_fails_tasks_loudly_and_nothing_hangs() {
-    let mut target = Command::new(BENCH)
-        .args([
-            "--mode=target",
-            "--local_server_name=127.0.0.1",
-            "--buffer_size=67108864",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(target.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let segment = line.trim().strip_prefix("segment: ").unwrap().to_owned();
+    let (mut target, segment) = start_target(
+        &["--local_server_name=127.0.0.1", "--buffer_size=67108864"],
+        &[],
+    );
 
     let engine = TransferEngine::builder()
         .local_server_name("127.0.0.1")

@@ -3,40 +3,28 @@
 
 #[path = "../../metadata/tests/support/etcd.rs"]
 mod etcd;
+#[path = "support/target.rs"]
+mod support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd::{eventually, get, unique};
+use support::start_target;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tern-bench");
 
 fn target(metadata: &str, name: &str, ttl_secs: &str) -> (Child, String) {
-    let mut child = Command::new(BENCH)
-        .args([
-            "--mode=target",
-            &format!("--metadata_server={metadata}"),
-            &format!("--local_server_name={name}"),
-            "--buffer_size=16777216",
-        ])
-        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-        .env("TERN_ETCD_TTL_SECS", ttl_secs)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let segment = line
-        .trim()
-        .strip_prefix("segment: ")
-        .expect("target started")
-        .to_owned();
-    (child, segment)
+    let metadata = format!("--metadata_server={metadata}");
+    let name = format!("--local_server_name={name}");
+    start_target(
+        &[&metadata, &name, "--buffer_size=16777216"],
+        &[
+            ("MC_TCP_BIND_ADDRESS", "127.0.0.1"),
+            ("TERN_ETCD_TTL_SECS", ttl_secs),
+        ],
+    )
 }
 
 fn initiator(metadata: &str, segment: &str, operation: &str) -> serde_json::Value {

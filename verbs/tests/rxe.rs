@@ -417,6 +417,19 @@ fn side() -> Side {
     }
 }
 
+impl Side {
+    /// RESET → RTS towards the other process's QP.
+    fn connect_to(&self, qp_num: u32, gid: tern_verbs::Gid) {
+        let peer = Peer {
+            qp_num,
+            psn: 0,
+            gid,
+            lid: 0,
+        };
+        self.qp.connect(&peer, &self.path).unwrap();
+    }
+}
+
 /// The child process: publishes its QP and memory, connects, waits until told to stop.
 fn qp_child() {
     use std::io::BufRead;
@@ -428,17 +441,7 @@ fn qp_child() {
     );
     let mut lines = std::io::stdin().lock().lines();
     let (qpn, gid, _, _) = parse_endpoint(&lines.next().unwrap().unwrap());
-    me.qp
-        .connect(
-            &Peer {
-                qp_num: qpn,
-                psn: 0,
-                gid,
-                lid: 0,
-            },
-            &me.path,
-        )
-        .unwrap();
+    me.connect_to(qpn, gid);
     println!("CONNECTED");
     assert_eq!(lines.next().unwrap().unwrap(), "DONE");
     assert!(
@@ -483,17 +486,7 @@ fn a_queue_pair_between_two_processes_moves_data() {
     let (qpn, gid, remote_addr, rkey) = parse_endpoint(&next_line("QP "));
     let mut me = side();
     writeln!(to_child, "{}", endpoint_line(&me.qp, me.gid, 0, 0)).unwrap();
-    me.qp
-        .connect(
-            &Peer {
-                qp_num: qpn,
-                psn: 0,
-                gid,
-                lid: 0,
-            },
-            &me.path,
-        )
-        .unwrap();
+    me.connect_to(qpn, gid);
     next_line("CONNECTED");
     let run = |me: &Side, op: SendOp, sge: Sge| post_and_wait(&me.qp, op, sge).status;
     let read = run(
