@@ -37,8 +37,8 @@ pub struct TransferEngineBuilder {
     rpc_ports: PortChoice,
     transports: Vec<Arc<dyn Transport>>,
     transfer_timeout: Option<Duration>,
-    rpc_client: RpcClientConfig,
     pretouch: PretouchPolicy,
+    /// Store settings, including the handshake RPC client's timeouts.
     store: StoreOptions,
 }
 
@@ -72,7 +72,6 @@ impl Default for TransferEngineBuilder {
             rpc_ports: PortChoice::default(),
             transports: Vec::new(),
             transfer_timeout: Some(Duration::from_secs(timeout_secs)),
-            rpc_client: RpcClientConfig::default(),
             pretouch: PretouchPolicy::default(),
             store: StoreOptions::default(),
         }
@@ -121,15 +120,14 @@ impl TransferEngineBuilder {
 
     /// Timeouts of outgoing handshake RPCs.
     pub fn rpc_client(mut self, config: RpcClientConfig) -> Self {
-        self.store.rpc_client = config.clone();
-        self.rpc_client = config;
+        self.store.rpc_client = config;
         self
     }
 
     /// Metadata store settings that override the environment: cluster ID, etcd lease TTL,
     /// start-up retry.
     pub fn store_options(mut self, options: StoreOptions) -> Self {
-        let rpc_client = self.rpc_client.clone();
+        let rpc_client = std::mem::take(&mut self.store.rpc_client);
         self.store = StoreOptions {
             rpc_client,
             ..options
@@ -150,7 +148,8 @@ impl TransferEngineBuilder {
                 "install at least one transport".into(),
             ));
         }
-        let store = open_store(&self.metadata, self.store.clone())?;
+        let rpc_client = self.store.rpc_client.clone();
+        let store = open_store(&self.metadata, self.store)?;
         let configured = self
             .advertise
             .clone()
@@ -212,7 +211,7 @@ impl TransferEngineBuilder {
             notifies: Mutex::new(VecDeque::new()),
             change: Mutex::new(()),
             transfer_timeout: self.transfer_timeout,
-            rpc_client: self.rpc_client,
+            rpc_client,
             pretouch: self.pretouch,
             rpc_server: Mutex::new({
                 let weak = weak.clone();
@@ -581,10 +580,11 @@ impl TransferEngine {
                 t + Duration::from_secs(1)
             });
         batch.wait(wait_for);
-        let status = batch
+        let (status, bytes) = batch
             .task_status(0)
-            .map_or(TransferStatus::Waiting, |s| s.status);
-        let bytes = batch.task_status(0).map_or(0, |s| s.transferred_bytes);
+            .map_or((TransferStatus::Waiting, 0), |s| {
+                (s.status, s.transferred_bytes)
+            });
         if status == TransferStatus::Pending {
             batch.cancel();
             return Err(EngineError::TransferFailed {

@@ -16,6 +16,29 @@ fn device() -> String {
     std::env::var("TERN_RXE").unwrap_or_else(|_| "rxe0".into())
 }
 
+/// The device under test, opened: its protection domain and the path settings for its
+/// auto-selected GID (which must be RoCE v2, IPv4-mapped, on an active port).
+fn open_device() -> (
+    Arc<Context>,
+    Arc<ProtectionDomain>,
+    PathConfig,
+    tern_verbs::Gid,
+) {
+    let context = Context::open(&device()).unwrap();
+    let port = context.port(1).unwrap();
+    assert!(port.active, "port 1 of {} is not active", device());
+    let gid = context.select_gid(1, None).unwrap();
+    assert!(gid.gid.is_ipv4_mapped(), "auto-selected {gid:?}");
+    let pd = ProtectionDomain::new(&context).unwrap();
+    let path = PathConfig {
+        sgid_index: gid.index as u8,
+        mtu: port.active_mtu,
+        retry_count: 3,
+        ..PathConfig::default()
+    };
+    (context, pd, path, gid.gid)
+}
+
 /// Two RC QPs on one device, connected to each other.
 struct Loop {
     pd: Arc<ProtectionDomain>,
@@ -27,27 +50,16 @@ struct Loop {
 
 impl Loop {
     fn new() -> Self {
-        let context = Context::open(&device()).unwrap();
-        let port = context.port(1).unwrap();
-        assert!(port.active, "port 1 of {} is not active", device());
-        let gid = context.select_gid(1, None).unwrap();
-        assert!(gid.gid.is_ipv4_mapped(), "auto-selected {gid:?}");
-        let pd = ProtectionDomain::new(&context).unwrap();
+        let (context, pd, path, gid) = open_device();
         let cq = CompletionQueue::new(&context, 1024).unwrap();
         let a = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
         let b = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
-        let path = PathConfig {
-            sgid_index: gid.index as u8,
-            mtu: port.active_mtu,
-            retry_count: 3,
-            ..PathConfig::default()
-        };
         let this = Self {
             pd,
             a,
             b,
             path,
-            gid: gid.gid,
+            gid,
         };
         this.connect();
         this
@@ -395,24 +407,15 @@ struct Side {
 }
 
 fn side() -> Side {
-    let context = Context::open(&device()).unwrap();
-    let port = context.port(1).unwrap();
-    let gid = context.select_gid(1, None).unwrap();
-    let pd = ProtectionDomain::new(&context).unwrap();
+    let (context, pd, path, gid) = open_device();
     let cq = CompletionQueue::new(&context, 64).unwrap();
     let qp = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
     let memory = register(&pd, 1 << 20, Access::REMOTE);
-    let path = PathConfig {
-        sgid_index: gid.index as u8,
-        mtu: port.active_mtu,
-        retry_count: 3,
-        ..PathConfig::default()
-    };
     Side {
         qp,
         cq,
         memory,
-        gid: gid.gid,
+        gid,
         path,
     }
 }
@@ -517,23 +520,14 @@ fn a_queue_pair_between_two_processes_moves_data() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs"]
 fn send_receive_and_write_with_immediate_wake_a_blocking_waiter() {
-    let context = Context::open(&device()).unwrap();
-    let port = context.port(1).unwrap();
-    let gid = context.select_gid(1, None).unwrap();
-    let pd = ProtectionDomain::new(&context).unwrap();
+    let (context, pd, path, gid) = open_device();
     let cq = CompletionQueue::with_channel(&context, 64).unwrap();
     let a = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
     let b = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
-    let path = PathConfig {
-        sgid_index: gid.index as u8,
-        mtu: port.active_mtu,
-        retry_count: 3,
-        ..PathConfig::default()
-    };
     let peer = |qp: &QueuePair| Peer {
         qp_num: qp.qp_num(),
         psn: 0,
-        gid: gid.gid,
+        gid,
         lid: 0,
     };
     a.connect(&peer(&b), &path).unwrap();

@@ -471,6 +471,14 @@ fn test_executables(args: &[String]) -> Result<Vec<String>, String> {
     Ok(executables)
 }
 
+/// The host variables a guest command sees: Rust's, Tern's and Mooncake's settings.
+fn guest_env() -> Vec<String> {
+    std::env::vars()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("RUST_") || k.starts_with("TERN_") || k.starts_with("MC_"))
+        .collect()
+}
+
 fn softroce_command(args: &[String]) -> Result<(), String> {
     deps(&[Group::Build, Group::Guest])?;
     // Everything in the guest runs 10–50x slower than on the host; this bounds a hang.
@@ -504,13 +512,7 @@ fn softroce_command(args: &[String]) -> Result<(), String> {
                     );
                 }
             };
-            let forward: Vec<String> = std::env::vars()
-                .map(|(k, _)| k)
-                .filter(|k| {
-                    k.starts_with("RUST_") || k.starts_with("TERN_") || k.starts_with("MC_")
-                })
-                .collect();
-            let status = softroce::run_two_nodes(&root(), &a, &b, &forward, timeout)?;
+            let status = softroce::run_two_nodes(&root(), &a, &b, &guest_env(), timeout)?;
             return if status == 0 {
                 Ok(())
             } else {
@@ -533,15 +535,11 @@ fn softroce_command(args: &[String]) -> Result<(), String> {
             return softroce_command(&suites.map(str::to_owned));
         }
     };
-    let forward: Vec<String> = std::env::vars()
-        .map(|(k, _)| k)
-        .filter(|k| k.starts_with("RUST_") || k.starts_with("TERN_") || k.starts_with("MC_"))
-        .collect();
     let status = softroce::run(
         &root(),
         &softroce::GuestRun {
             command: &command,
-            forward_env: forward,
+            forward_env: guest_env(),
             timeout,
         },
     )?;

@@ -440,8 +440,7 @@ fn qemu(
     qemu
 }
 
-fn run_dir(root: &Path) -> Result<PathBuf, String> {
-    let _ = root;
+fn run_dir() -> Result<PathBuf, String> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
@@ -519,7 +518,7 @@ fn outcome(
 pub fn run(root: &Path, job: &GuestRun<'_>) -> Result<i32, String> {
     let started = Instant::now();
     let (vmlinux, initrd) = prepare(&cache_dir(root))?;
-    let dir = run_dir(root)?;
+    let dir = run_dir()?;
     std::fs::write(dir.join("cmd.sh"), script(job.command, &job.forward_env)?)
         .map_err(|e| e.to_string())?;
     let child = qemu(&vmlinux, &initrd, &dir, "", "2G", "2")
@@ -568,7 +567,7 @@ pub fn run_two_nodes(
 ) -> Result<i32, String> {
     let started = Instant::now();
     let (vmlinux, initrd) = prepare(&cache_dir(root))?;
-    let dir = run_dir(root)?;
+    let dir = run_dir()?;
     std::fs::write(dir.join("cmda.sh"), script(command_a, forward_env)?)
         .map_err(|e| e.to_string())?;
     std::fs::write(dir.join("cmdb.sh"), script(command_b, forward_env)?)
