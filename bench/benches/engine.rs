@@ -8,8 +8,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tern_engine::{
-    SegmentDesc, SegmentId, Slice, TransferEngine, TransferRequest, Transport, TransportContext,
-    TransportError,
+    RegionInfo, SegmentDesc, SegmentId, Slice, TransferEngine, TransferRequest, Transport,
+    TransportContext, TransportError,
 };
 use tern_memreg::RegionMap;
 
@@ -23,7 +23,7 @@ impl Transport for InstantTransport {
     fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
         Ok(())
     }
-    fn describe(&self, _desc: &mut SegmentDesc) {}
+    fn describe(&self, _desc: &mut SegmentDesc, _regions: &[RegionInfo]) {}
     fn max_slice_size(&self) -> usize {
         1 << 20
     }

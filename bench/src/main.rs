@@ -1,9 +1,13 @@
 //! `tern-bench`: Tern's transfer benchmark, with the flags of Mooncake's
 //! `transfer_engine_bench`, plus `--verify`, `--json` and `--mode loopback` (which starts a
-//! target process itself, runs the initiator against it, and reports).
+//! target process itself, runs the initiator against it, and reports). A target serves until
+//! SIGINT or SIGTERM (or its `--duration`), whatever its stdin is, and then shuts down cleanly:
+//! its keys withdrawn, its connections closed, exit status 0.
 //!
 //! It must not contain transfer logic of its own: everything goes through `tern-engine`.
 #![forbid(unsafe_code)]
+
+mod service;
 
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::process::{Command, ExitCode, Stdio};
@@ -65,9 +69,9 @@ struct Args {
     /// Submitting threads.
     #[arg(long, default_value_t = 12)]
     threads: usize,
-    /// Seconds to run.
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
+    /// Seconds to run [initiator: default 10; target: until SIGINT or SIGTERM when not given].
+    #[arg(long)]
+    duration: Option<f64>,
     /// Unit of the reported throughput: GB, GiB, Gb, MB, MiB, Mb, KB, KiB, Kb.
     #[arg(long = "report_unit", default_value = "GB")]
     report_unit: String,
@@ -86,7 +90,14 @@ struct Args {
     /// Largest TCP slice in bytes.
     #[arg(long = "tcp_slice_size")]
     tcp_slice_size: Option<usize>,
+    /// Target: also stop when stdin reaches end of file (for a parent process that holds it
+    /// open, as `--mode loopback` does).
+    #[arg(long = "stop_on_stdin_eof")]
+    stop_on_stdin_eof: bool,
 }
+
+/// The initiator's run time when `--duration` is not given.
+const DEFAULT_DURATION_SECS: f64 = 10.0;
 
 fn main() -> ExitCode {
     let filter = match std::env::var("RUST_LOG").as_deref() {
@@ -99,6 +110,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_max_level(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let args = Args::parse();
     match run(&args) {
@@ -115,6 +127,7 @@ fn run(args: &Args) -> Result<(), String> {
         return Err("--block_size, --batch_size and --threads must be positive".into());
     }
     unit_scale(&args.report_unit)?;
+    run_time(args)?;
     if args.block_size > args.buffer_size {
         return Err("--block_size is larger than --buffer_size".into());
     }
@@ -158,6 +171,16 @@ fn engine(args: &Args, default_name: Option<&str>) -> Result<TransferEngine, Str
         .map_err(|e| format!("starting the engine: {e}"))
 }
 
+/// `--duration`, checked.
+fn run_time(args: &Args) -> Result<Option<Duration>, String> {
+    args.duration
+        .map(|secs| {
+            Duration::try_from_secs_f64(secs)
+                .map_err(|_| format!("--duration {secs} is not a number of seconds"))
+        })
+        .transpose()
+}
+
 /// The byte every node keeps at offset `i` of its buffer when verifying.
 fn expected_byte(offset: usize) -> u8 {
     let x = (offset as u64 / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (offset as u64 % 8);
@@ -182,6 +205,12 @@ fn fill_pattern(buffer: &OwnedBuffer) -> Result<(), String> {
 }
 
 fn run_target(args: &Args) -> Result<(), String> {
+    let limit = run_time(args)?;
+    // Before the engine starts, so that a signal sent during start-up is not lost.
+    let stop = service::Stop::install()?;
+    if args.stop_on_stdin_eof {
+        stop.on_stdin_eof()?;
+    }
     let engine = engine(args, None)?;
     let buffer = engine
         .allocate(args.buffer_size, "cpu:0")
@@ -190,16 +219,20 @@ fn run_target(args: &Args) -> Result<(), String> {
     println!("segment: {}", engine.segment_name());
     std::io::stdout().flush().map_err(|e| e.to_string())?;
     eprintln!(
-        "tern-bench target: segment {} ({} bytes at {:#x}); run the initiator with --segment_id={}; stop with Ctrl-C or by closing stdin",
+        "tern-bench target: segment {} ({} bytes at {:#x}); run the initiator with --segment_id={}; stop with Ctrl-C or SIGTERM",
         engine.segment_name(),
         buffer.len(),
         buffer.addr(),
         engine.segment_name()
     );
-    // Serve until stdin closes (the loopback parent exits, or Ctrl-D) or the process is killed.
-    let mut sink = [0u8; 64];
-    let mut stdin = std::io::stdin();
-    while stdin.read(&mut sink).map(|n| n > 0).unwrap_or(false) {}
+    let reason = stop.wait(limit);
+    eprintln!(
+        "tern-bench target: {reason}; withdrawing segment {} and exiting",
+        engine.segment_name()
+    );
+    // Dropping the engine closes its connections and deletes its keys (etcd, HTTP) at once.
+    drop(engine);
+    drop(buffer);
     Ok(())
 }
 
@@ -246,7 +279,7 @@ fn run_initiator(args: &Args, segment: &str) -> Result<Outcome, String> {
         stop: AtomicBool::new(false),
         start: Barrier::new(args.threads + 1),
     };
-    let deadline = Duration::from_secs_f64(args.duration.max(0.0));
+    let deadline = run_time(args)?.unwrap_or(Duration::from_secs_f64(DEFAULT_DURATION_SECS));
     let (outcome, started) = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..args.threads)
             .map(|thread| {
@@ -431,9 +464,11 @@ impl Shared<'_> {
 
 fn run_loopback(args: &Args) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    // The target stops when its stdin closes: when this process is done with it, or dies.
     let mut child = Command::new(exe)
         .args([
             "--mode=target",
+            "--stop_on_stdin_eof",
             "--local_server_name=127.0.0.1",
             &format!("--metadata_server={}", args.metadata_server),
             &format!("--protocol={}", args.protocol),
@@ -441,28 +476,59 @@ fn run_loopback(args: &Args) -> Result<(), String> {
         ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("starting the target process: {e}"))?;
+    // Drained on a thread so that the target never blocks on a full pipe; shown if it fails.
+    let stderr = child.stderr.take().map(|mut pipe| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    });
     let mut first_line = String::new();
     if let Some(stdout) = child.stdout.take() {
         BufReader::new(stdout)
             .read_line(&mut first_line)
             .map_err(|e| e.to_string())?;
     }
-    let result = match first_line.trim().strip_prefix("segment: ") {
-        Some(segment) => {
-            let mut initiator = args.clone();
-            initiator.local_server_name = Some("127.0.0.1".into());
-            run_initiator(&initiator, segment)
-        }
-        None => {
-            Err("the target process did not start (run it with --mode=target to see why)".into())
+    let result = first_line.trim().strip_prefix("segment: ").map(|segment| {
+        let mut initiator = args.clone();
+        initiator.local_server_name = Some("127.0.0.1".into());
+        run_initiator(&initiator, segment)
+    });
+    drop(child.stdin.take());
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for the target: {e}"))?;
+    let target_said = || {
+        let text = stderr
+            .and_then(|thread| thread.join().ok())
+            .unwrap_or_default();
+        let lines: Vec<&str> = text
+            .lines()
+            .map(|line| line.strip_prefix("tern-bench: ").unwrap_or(line))
+            .filter(|line| !line.starts_with("tern-bench target: "))
+            .collect();
+        if lines.is_empty() {
+            String::from("(it printed nothing)")
+        } else {
+            lines.join("\n")
         }
     };
-    drop(child.stdin.take());
-    let _ = child.wait();
-    report(args, &result?)
+    match result {
+        None => Err(format!(
+            "the target process did not start ({status}): {}",
+            target_said()
+        )),
+        Some(result) if !status.success() => Err(format!(
+            "{}the target process failed ({status}): {}",
+            result.err().map(|e| e + "; ").unwrap_or_default(),
+            target_said()
+        )),
+        Some(result) => report(args, &result?),
+    }
 }
 
 fn run_watch_latency(args: &Args) -> Result<(), String> {

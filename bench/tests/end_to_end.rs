@@ -6,7 +6,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::start_target;
+use support::Target;
 use tern_engine::{BatchState, TransferEngine, TransferError, TransferRequest, TransferStatus};
 use tern_transport_tcp::TcpTransport;
 
@@ -89,10 +89,11 @@ fn bad_flags_and_unreachable_targets_fail_with_a_message() {
 
 #[test]
 fn a_target_killed_mid_transfer_fails_tasks_loudly_and_nothing_hangs() {
-    let (mut target, segment) = start_target(
+    let mut target = Target::start(
         &["--local_server_name=127.0.0.1", "--buffer_size=67108864"],
         &[],
     );
+    let segment = target.segment.clone();
 
     let engine = TransferEngine::builder()
         .local_server_name("127.0.0.1")
@@ -116,8 +117,8 @@ fn a_target_killed_mid_transfer_fails_tasks_loudly_and_nothing_hangs() {
         .collect();
     let batch = engine.allocate_batch(requests.len()).unwrap();
     engine.submit(&batch, &requests).unwrap();
-    target.kill().unwrap();
-    target.wait().unwrap();
+    target.child.kill().unwrap();
+    target.child.wait().unwrap();
 
     let started = Instant::now();
     let status = batch.wait(Duration::from_secs(60));

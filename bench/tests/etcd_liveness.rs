@@ -7,18 +7,18 @@ mod etcd;
 mod support;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use etcd::{eventually, get, unique};
-use support::start_target;
+use support::Target;
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tern-bench");
 
-fn target(metadata: &str, name: &str, ttl_secs: &str) -> (Child, String) {
+fn target(metadata: &str, name: &str, ttl_secs: &str) -> Target {
     let metadata = format!("--metadata_server={metadata}");
     let name = format!("--local_server_name={name}");
-    start_target(
+    Target::start(
         &[&metadata, &name, "--buffer_size=16777216"],
         &[
             ("MC_TCP_BIND_ADDRESS", "127.0.0.1"),
@@ -57,15 +57,15 @@ fn initiator(metadata: &str, segment: &str, operation: &str) -> serde_json::Valu
 fn sigkill_loses_the_keys_within_the_ttl() {
     let (endpoint, _own) = etcd::shared();
     let name = unique("doomed");
-    let (mut child, segment) = target(&format!("etcd://{endpoint}"), &name, "2");
-    assert_eq!(segment, name, "etcd mode keeps the server name");
+    let mut child = target(&format!("etcd://{endpoint}"), &name, "2");
+    assert_eq!(child.segment, name, "etcd mode keeps the server name");
     let key = format!("mooncake/ram/{name}");
     assert!(get(&endpoint, &key).is_some());
     let result = initiator(&format!("etcd://{endpoint}"), &name, "write");
     assert!(result["bytes"].as_u64().unwrap() > 0);
 
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.child.kill().unwrap();
+    child.child.wait().unwrap();
     let killed = Instant::now();
     let gone = eventually(Duration::from_secs(15), || {
         get(&endpoint, &key).is_none()
@@ -95,11 +95,11 @@ fn tern_bench_runs_against_the_http_metadata_server() {
         .expect("server started")
         .to_owned();
     let name = unique("http-target");
-    let (mut child, _) = target(&url, &name, "10");
+    let mut child = target(&url, &name, "10");
     let result = initiator(&url, &name, "read");
     assert!(result["bytes"].as_u64().unwrap() > 0);
-    drop(child.stdin.take());
-    child.wait().unwrap();
+    let (status, stderr) = child.stop("TERM");
+    assert!(status.success(), "{status}: {stderr}");
     server.kill().unwrap();
     server.wait().unwrap();
 }

@@ -19,7 +19,7 @@ use tern_metadata::{
 use crate::batch::{Batch, BatchInner, SliceCompletion};
 use crate::error::{EngineError, TransferError};
 use crate::slicing::split;
-use crate::transport::{PeerSegment, Slice, Transport, TransportContext};
+use crate::transport::{PeerSegment, Slice, Transport, TransportContext, keyless_buffer};
 use crate::types::{Notify, SegmentId, TransferRequest, TransferStatus};
 
 /// Environment variable with the default transfer deadline in seconds (as Mooncake's Python
@@ -304,10 +304,18 @@ impl TransferEngine {
     }
 
     fn start(&self) -> Result<(), EngineError> {
+        let weak = Arc::downgrade(&self.inner);
         let context = TransportContext {
             registry: self.inner.registry.clone(),
             advertised_ip: self.inner.advertised_ip,
             local_server_name: self.inner.local_server_name.clone(),
+            segment_name: self.inner.segment_name.clone(),
+            rpc_client: self.inner.rpc_client.clone(),
+            republish: Arc::new(move || {
+                let engine = weak.upgrade().ok_or("the engine is shutting down")?;
+                let _change = lock(&engine.change);
+                engine.republish().map_err(|e| e.to_string())
+            }),
         };
         for transport in &self.inner.transports {
             transport
@@ -543,17 +551,18 @@ impl TransferEngine {
                 len,
             });
         }
-        let transport_index = self
-            .inner
-            .transports
-            .iter()
-            .position(|t| peer.desc.speaks(t.protocol()))
-            .ok_or_else(|| TransferError::NoCommonTransport {
+        let transport_index = self.inner.transport_for(&peer.desc).ok_or_else(|| {
+            TransferError::NoCommonTransport {
                 segment: peer.name.clone(),
                 protocols: peer.desc.protocol.clone(),
-            })?;
-        let slice_size = self.inner.transports[transport_index].max_slice_size();
-        let pieces = split(len, slice_size, 0);
+            }
+        })?;
+        let transport = &self.inner.transports[transport_index];
+        let pieces = split(
+            len,
+            transport.max_slice_size(),
+            transport.merge_tail_below(),
+        );
         batch.start_task(task, pieces.clone().count() as u32);
         let slices = pieces
             .map(|(offset, piece)| Slice {
@@ -687,6 +696,19 @@ impl Drop for TransferEngine {
 }
 
 impl EngineInner {
+    /// The installed transport that moves slices to a peer: the highest-priority one that
+    /// can reach it (the first installed among equals).
+    fn transport_for(&self, peer: &SegmentDesc) -> Option<usize> {
+        let mut best: Option<(usize, u8)> = None;
+        for (i, transport) in self.transports.iter().enumerate() {
+            let priority = transport.priority();
+            if best.is_none_or(|(_, p)| priority > p) && transport.can_reach(peer) {
+                best = Some((i, priority));
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+
     fn segment(&self, id: SegmentId) -> Option<Arc<PeerSegment>> {
         if id == SegmentId::LOCAL {
             return Some(read(&self.local).clone());
@@ -910,16 +932,18 @@ impl EngineInner {
             .iter()
             .map(|t| t.protocol().to_owned())
             .collect();
-        for transport in &self.transports {
-            transport.describe(&mut desc);
-        }
-        desc.buffers = self
+        let regions: Vec<RegionInfo> = self
             .registry
             .snapshot()
-            .iter()
+            .into_iter()
             .filter(|r| r.remote_accessible)
-            .map(|r| self.transports[0].describe_buffer(r, name))
             .collect();
+        desc.buffers = regions.iter().map(|r| keyless_buffer(r, name)).collect();
+        let mut by_priority: Vec<&Arc<dyn Transport>> = self.transports.iter().collect();
+        by_priority.sort_by_key(|t| t.priority());
+        for transport in by_priority {
+            transport.describe(&mut desc, &regions);
+        }
         desc.stamp_now();
         let json = desc.to_json();
         *write(&self.local) = Arc::new(PeerSegment {
@@ -952,27 +976,45 @@ fn handle_event(engine: &Weak<EngineInner>, event: MetadataEvent) {
 /// Answers the handshake RPC for one engine.
 fn handle_rpc(engine: &Weak<EngineInner>, ty: RpcType, body: &[u8]) -> Result<Vec<u8>, String> {
     let engine = engine.upgrade().ok_or("engine is shutting down")?;
-    let json: serde_json::Value =
-        serde_json::from_slice(body).map_err(|e| format!("malformed JSON: {e}"))?;
     let line = |value: serde_json::Value| {
         let mut text = value.to_string();
         text.push('\n');
         text.into_bytes()
     };
+    let parse = || -> Result<serde_json::Value, String> {
+        serde_json::from_slice(body).map_err(|e| format!("malformed JSON: {e}"))
+    };
     match ty {
-        RpcType::Metadata => Ok(read(&engine.local_json).as_bytes().to_vec()),
-        RpcType::Probe => Ok(line(serde_json::json!({"status": "success"}))),
+        RpcType::Metadata => {
+            parse()?;
+            Ok(read(&engine.local_json).as_bytes().to_vec())
+        }
+        RpcType::Probe => {
+            parse()?;
+            Ok(line(serde_json::json!({"status": "success"})))
+        }
         RpcType::Notify => {
             let notify: Notify =
-                serde_json::from_value(json).map_err(|e| format!("malformed notify: {e}"))?;
+                serde_json::from_value(parse()?).map_err(|e| format!("malformed notify: {e}"))?;
             engine.push_notify(notify);
             Ok(line(
                 serde_json::json!({"name": "", "notify_msg": "success"}),
             ))
         }
-        RpcType::Connection => Ok(line(serde_json::json!({
-            "reply_msg": "no RDMA transport is installed on this node"
-        }))),
+        // The body belongs to the transport that speaks it, malformed or not: that transport
+        // answers with a rejection rather than a dropped connection.
+        RpcType::Connection => {
+            let mut by_priority: Vec<&Arc<dyn Transport>> = engine.transports.iter().collect();
+            by_priority.sort_by_key(|t| std::cmp::Reverse(t.priority()));
+            Ok(by_priority
+                .iter()
+                .find_map(|t| t.handle_connection(body))
+                .unwrap_or_else(|| {
+                    line(serde_json::json!({
+                        "reply_msg": "no RDMA transport is installed on this node"
+                    }))
+                }))
+        }
     }
 }
 

@@ -43,7 +43,9 @@ pub use error::{EngineError, TransferError};
 pub use tern_memreg::{PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw};
 pub use tern_metadata::net::PortChoice;
 pub use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc, StoreOptions};
-pub use transport::{PeerSegment, Slice, Transport, TransportContext, TransportError};
+pub use transport::{
+    PeerSegment, Slice, Transport, TransportContext, TransportError, keyless_buffer,
+};
 pub use types::{
     BatchState, BatchStatus, Notify, Opcode, SegmentId, TaskStatus, TransferRequest, TransferStatus,
 };

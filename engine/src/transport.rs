@@ -2,20 +2,26 @@
 //!
 //! The engine checks and slices every request; a transport only moves slices and reports
 //! each one's outcome, from whatever thread it likes. Transports never publish metadata:
-//! they describe their part of the local descriptor when asked.
+//! they describe their part of the local descriptor when asked, and ask the engine to
+//! publish again when that part changes.
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tern_memreg::{MemoryRegistry, RegionInfo, RegionPin};
+use tern_metadata::rpc::{self, RpcClientConfig, RpcError, RpcType};
 use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc};
 
 use crate::batch::SliceCompletion;
 use crate::error::TransferError;
 use crate::types::{Opcode, SegmentId};
 
+/// Asks the engine to rebuild and publish the local descriptor.
+type Republish = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// What a transport is given when the engine starts it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TransportContext {
     /// The engine's registered memory; inbound requests must be checked against it
     /// ([`MemoryRegistry::pin_remote`]) before a byte moves.
@@ -24,6 +30,46 @@ pub struct TransportContext {
     pub advertised_ip: IpAddr,
     /// The name this node was configured with.
     pub local_server_name: String,
+    /// The name peers open this node's segment by (`ip:port` in P2P mode); RDMA NIC paths
+    /// are `<segment_name>@<device>`.
+    pub segment_name: String,
+    pub(crate) rpc_client: RpcClientConfig,
+    pub(crate) republish: Republish,
+}
+
+impl std::fmt::Debug for TransportContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransportContext")
+            .field("advertised_ip", &self.advertised_ip)
+            .field("local_server_name", &self.local_server_name)
+            .field("segment_name", &self.segment_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TransportContext {
+    /// Calls a peer's handshake RPC (one short connection, the engine's timeouts, or
+    /// `connect_timeout` for connecting) and returns the reply body.
+    pub fn call_peer(
+        &self,
+        peer: &PeerSegment,
+        ty: RpcType,
+        body: &[u8],
+        connect_timeout: Option<Duration>,
+    ) -> Result<Vec<u8>, RpcError> {
+        let mut config = self.rpc_client.clone();
+        if let Some(timeout) = connect_timeout {
+            config.connect_timeout = timeout;
+        }
+        rpc::call(&peer.rpc.endpoint(), ty, body, &config)
+    }
+
+    /// Asks the engine to rebuild the local descriptor (calling every transport's
+    /// [`Transport::describe`]) and publish it. Must not be called while holding a lock that
+    /// `describe` takes.
+    pub fn republish(&self) -> Result<(), String> {
+        (self.republish)()
+    }
 }
 
 /// A transport failure outside any one transfer (start-up, registration).
@@ -44,13 +90,37 @@ pub struct PeerSegment {
     pub rpc: RpcMeta,
 }
 
+/// Mooncake's keyless buffer form (TCP): named by the segment, no rkeys or lkeys.
+pub fn keyless_buffer(region: &RegionInfo, segment_name: &str) -> BufferDesc {
+    BufferDesc {
+        addr: region.addr as u64,
+        length: region.len as u64,
+        lkey: None,
+        name: segment_name.to_owned(),
+        rkey: None,
+    }
+}
+
 /// A way to move bytes. Implementations live in their own crates (`tern-transport-tcp`,
 /// `tern-transport-rdma`); `tern_engine::conformance` (feature `conformance`) checks them.
 pub trait Transport: Send + Sync + 'static {
     /// The protocol name published in descriptors (`tcp`, `rdma`).
     fn protocol(&self) -> &'static str;
 
-    /// Starts listeners and workers. Called once, before any other method but `protocol`.
+    /// Among the installed transports that can reach a peer, the one with the highest
+    /// priority moves its slices and describes the local buffers (RDMA over TCP).
+    fn priority(&self) -> u8 {
+        0
+    }
+
+    /// Whether this transport can reach a peer with this descriptor. The default: the peer
+    /// speaks this transport's protocol.
+    fn can_reach(&self, peer: &SegmentDesc) -> bool {
+        peer.speaks(self.protocol())
+    }
+
+    /// Starts listeners and workers. Called once, before any other method but `protocol`
+    /// and `priority`.
     fn start(&self, context: TransportContext) -> Result<(), TransportError>;
 
     /// A region was registered: make it reachable (e.g. register it on every NIC).
@@ -62,23 +132,26 @@ pub trait Transport: Send + Sync + 'static {
     fn unregister_memory(&self, _region: &RegionInfo) {}
 
     /// Fills this transport's fields of the local descriptor (ports, versions, devices).
-    fn describe(&self, desc: &mut SegmentDesc);
-
-    /// How a registered, remote-accessible region appears in the local descriptor. The
-    /// default is Mooncake's keyless form (TCP): named by the segment, no rkeys or lkeys;
-    /// transports with per-NIC keys override it.
-    fn describe_buffer(&self, region: &RegionInfo, segment_name: &str) -> BufferDesc {
-        BufferDesc {
-            addr: region.addr as u64,
-            length: region.len as u64,
-            lkey: None,
-            name: segment_name.to_owned(),
-            rkey: None,
-        }
-    }
+    /// `desc.buffers` arrives in the keyless form, one entry per region of `regions` (the
+    /// remote-accessible ones, in address order); a transport with per-NIC keys replaces
+    /// them. Transports are asked in ascending [`priority`](Transport::priority), so the
+    /// highest-priority transport has the last word.
+    fn describe(&self, desc: &mut SegmentDesc, regions: &[RegionInfo]);
 
     /// Largest slice the engine should hand over.
     fn max_slice_size(&self) -> usize;
+
+    /// A request's last piece shorter than this is merged into the piece before it
+    /// (Mooncake: 16 KiB for 64 KiB slices), so no slice is tiny.
+    fn merge_tail_below(&self) -> usize {
+        0
+    }
+
+    /// Answers a handshake RPC of type Connection (RDMA QP exchange): `Some(reply body)`
+    /// if this transport handles them, `None` to let another transport answer.
+    fn handle_connection(&self, _body: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
 
     /// Takes slices to move. Must not block on I/O: outcomes are reported later through
     /// [`Slice::complete`] / [`Slice::fail`], typically from worker threads.

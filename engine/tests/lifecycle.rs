@@ -6,8 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tern_engine::{
-    BatchState, EngineError, RegisterRaw, SegmentDesc, SegmentId, Slice, TransferEngine,
-    TransferError, TransferRequest, TransferStatus, Transport, TransportContext, TransportError,
+    BatchState, EngineError, RegionInfo, RegisterRaw, SegmentDesc, SegmentId, Slice,
+    TransferEngine, TransferError, TransferRequest, TransferStatus, Transport, TransportContext,
+    TransportError,
 };
 
 #[derive(Clone, Default)]
@@ -28,7 +29,7 @@ impl Transport for HoldingTransport {
     fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
         Ok(())
     }
-    fn describe(&self, _desc: &mut SegmentDesc) {}
+    fn describe(&self, _desc: &mut SegmentDesc, _regions: &[RegionInfo]) {}
     fn max_slice_size(&self) -> usize {
         4096
     }

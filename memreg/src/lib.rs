@@ -5,7 +5,7 @@
 //! - [`AlignedBuffer`]: owned, page-aligned, zeroed memory, optionally pre-touched in parallel
 //!   so that the first transfer does not pay for page faults; huge pages on request;
 //! - [`numa_node_of`]: where a page lives, to name memory registered with location `*`;
-//! - [`RegionMap`]: an address map (`BTreeMap<start, ..>`) with overlap detection and
+//! - [`RegionMap`]: an address map (a sorted vector) with overlap detection and
 //!   containing-range lookup in O(log n);
 //! - [`Region`] and [`MemoryRegistry`]: registered memory, with pins ([`RegionPin`]) that keep a
 //!   region from being unregistered while a transfer still touches it, and the only safe way

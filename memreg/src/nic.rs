@@ -2,7 +2,9 @@
 //!
 //! Every buffer is registered on every NIC, as Mooncake does, so any NIC can serve any slice;
 //! the registrations run in parallel, one thread per device, because pinning and mapping a
-//! large region is slow and each device does it on its own.
+//! large region is slow and each device does it on its own. The memory regions are attached
+//! to the [`Region`](crate::Region) itself, so they are deregistered exactly when the region
+//! is unregistered (or dropped), never later than its memory stays valid.
 
 use std::sync::Arc;
 
@@ -10,75 +12,61 @@ use tern_verbs::{Access, MemoryRegion, ProtectionDomain, VerbsError};
 
 use crate::region::RegionPin;
 
-/// A region's memory regions, one per protection domain (device), in the order given. It
-/// holds a pin, so the region cannot be unregistered while the NICs may still touch it.
+/// The keys of a region registered on several devices, one per device in the order the
+/// protection domains were given: `lkeys[i]`/`rkeys[i]` belong to device `i`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicKeys {
+    /// Keys local work requests use.
+    pub lkeys: Vec<u32>,
+    /// Keys peers use (what a descriptor's `rkey` array holds).
+    pub rkeys: Vec<u32>,
+}
+
+/// The memory regions of one registration, held by the region they describe.
 #[derive(Debug)]
-pub struct NicRegistration {
-    mrs: Vec<MemoryRegion>,
-    pin: RegionPin,
+struct Registration {
+    _mrs: Vec<MemoryRegion>,
 }
 
-impl NicRegistration {
-    /// Registers the pinned region on every domain in `pds`, in parallel. All or none: on a
-    /// failure the registrations that succeeded are undone and the first error returned.
-    pub fn register(
-        pin: RegionPin,
-        pds: &[Arc<ProtectionDomain>],
-        access: Access,
-    ) -> Result<Self, VerbsError> {
-        let (addr, len) = (pin.info().addr, pin.info().len);
-        let results: Vec<Result<MemoryRegion, VerbsError>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = pds
-                .iter()
-                .map(|pd| {
-                    scope.spawn(move || {
-                        // SAFETY: `pin` keeps the region registered, hence its memory valid,
-                        // for as long as the returned registration (which owns the pin and
-                        // drops the MRs first) lives.
-                        unsafe { MemoryRegion::register(pd, addr as *mut u8, len, access) }
-                    })
+/// Registers the pinned region on every domain in `pds`, in parallel, and attaches the
+/// memory regions to the region. All or none: on a failure the registrations that
+/// succeeded are undone and the first error returned.
+pub fn register_on_devices(
+    pin: &RegionPin,
+    pds: &[Arc<ProtectionDomain>],
+    access: Access,
+) -> Result<NicKeys, VerbsError> {
+    let (addr, len) = (pin.info().addr, pin.info().len);
+    let results: Vec<Result<MemoryRegion, VerbsError>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = pds
+            .iter()
+            .map(|pd| {
+                scope.spawn(move || {
+                    // SAFETY: the memory regions made here are attached to the pinned region
+                    // below (or dropped at once on failure), so they are deregistered when the
+                    // region is unregistered or dropped: while they live, the region is
+                    // registered (or alive, for an owned one), hence its memory valid.
+                    unsafe { MemoryRegion::register(pd, addr as *mut u8, len, access) }
                 })
-                .collect();
-            workers
-                .into_iter()
-                .map(|w| {
-                    w.join().unwrap_or(Err(VerbsError::InvalidRequest(
-                        "registration thread panicked",
-                    )))
-                })
-                .collect()
-        });
-        let mut mrs = Vec::with_capacity(results.len());
-        for result in results {
-            mrs.push(result?);
-        }
-        Ok(Self { mrs, pin })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join().unwrap_or(Err(VerbsError::InvalidRequest(
+                    "registration thread panicked",
+                )))
+            })
+            .collect()
+    });
+    let mut mrs = Vec::with_capacity(results.len());
+    for result in results {
+        mrs.push(result?);
     }
-
-    /// Local keys, one per device.
-    pub fn lkeys(&self) -> Vec<u32> {
-        self.mrs.iter().map(MemoryRegion::lkey).collect()
-    }
-
-    /// Remote keys, one per device (what a descriptor's `rkey` array holds).
-    pub fn rkeys(&self) -> Vec<u32> {
-        self.mrs.iter().map(MemoryRegion::rkey).collect()
-    }
-
-    /// The memory regions.
-    pub fn regions(&self) -> &[MemoryRegion] {
-        &self.mrs
-    }
-
-    /// The pinned region.
-    pub fn pin(&self) -> &RegionPin {
-        &self.pin
-    }
-}
-
-impl Drop for NicRegistration {
-    fn drop(&mut self) {
-        // The MRs go before the pin (field order would too; this says it on purpose).
-        self.mrs.clear();
-    }
+    let keys = NicKeys {
+        lkeys: mrs.iter().map(MemoryRegion::lkey).collect(),
+        rkeys: mrs.iter().map(MemoryRegion::rkey).collect(),
+    };
+    pin.attach(Box::new(Registration { _mrs: mrs }));
+    Ok(keys)
 }

@@ -6,9 +6,10 @@
 //! call, through a [`RegionPin`]. Concurrent transfers to overlapping bytes leave those bytes
 //! unspecified (as with DMA); they never touch memory outside a registered region.
 
+use std::any::Any;
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::buffer::AlignedBuffer;
 use crate::map::{MapError, RegionMap};
@@ -98,6 +99,10 @@ impl From<MapError> for MemoryError {
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The public facts of a region: where it is, how long, where it lives, who may touch it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionInfo {
@@ -111,10 +116,17 @@ pub struct RegionInfo {
     pub remote_accessible: bool,
 }
 
+/// Something that must live exactly as long as a region is registered (a device's
+/// registration of the region's memory, say).
+type Attachment = Box<dyn Any + Send + Sync>;
+
 /// A range of memory Tern may move bytes to and from.
 #[derive(Debug)]
 pub struct Region {
     info: RegionInfo,
+    /// Dropped when the region is unregistered, or with the region; declared before `owner`
+    /// so that they go before the memory they describe.
+    attachments: Mutex<Vec<Attachment>>,
     owner: Option<AlignedBuffer>,
     pins: AtomicUsize,
 }
@@ -142,6 +154,7 @@ impl Region {
                 location: location.into(),
                 remote_accessible,
             },
+            attachments: Mutex::new(Vec::new()),
             owner: None,
             pins: AtomicUsize::new(0),
         }
@@ -160,6 +173,7 @@ impl Region {
                 location: location.into(),
                 remote_accessible,
             },
+            attachments: Mutex::new(Vec::new()),
             owner: Some(buffer),
             pins: AtomicUsize::new(0),
         }
@@ -193,6 +207,12 @@ impl Region {
     /// Transfers currently holding the region.
     pub fn pin_count(&self) -> usize {
         self.pins.load(Ordering::Acquire)
+    }
+
+    /// Drops everything attached to the region.
+    fn detach_all(&self) {
+        let detached = std::mem::take(&mut *lock(&self.attachments));
+        drop(detached);
     }
 
     /// Pins an owned region directly (its owner reading or writing its own bytes). Raw
@@ -284,6 +304,15 @@ impl RegionPin {
     /// The pinned region's facts.
     pub fn info(&self) -> &RegionInfo {
         &self.region.info
+    }
+
+    /// Ties `attachment` to the region: it is dropped when the region is unregistered
+    /// ([`MemoryRegistry::unregister`] returning `Ok`), or when the region itself goes (an
+    /// owned region removed while transfers still held it), always before the region's
+    /// memory is released. A device registration of the region's memory lives here, so it
+    /// can never outlive the memory.
+    pub fn attach(&self, attachment: Attachment) {
+        lock(&self.region.attachments).push(attachment);
     }
 
     /// Checks that `[addr, addr + len)` lies in the region and returns its start pointer.
@@ -443,11 +472,17 @@ impl MemoryRegistry {
                 return Err(MemoryError::InUse { addr, pins });
             }
         }
-        // Checked above under the same write lock, so every removal succeeds.
-        Ok(addrs
+        // Checked above under the same write lock, so every removal succeeds. No pin is left,
+        // so no transfer uses the attachments (device registrations) any more: they go now,
+        // before the caller may free raw memory.
+        let removed: Vec<Arc<Region>> = addrs
             .iter()
             .filter_map(|&addr| regions.remove(addr).map(|(_, r)| r))
-            .collect())
+            .collect();
+        for region in &removed {
+            region.detach_all();
+        }
+        Ok(removed)
     }
 
     /// Removes an owned region even while pinned: its memory lives inside the region, so

@@ -25,7 +25,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tern_engine::{PortChoice, SegmentDesc, Slice, Transport, TransportContext, TransportError};
+use tern_engine::{
+    PortChoice, RegionInfo, SegmentDesc, Slice, Transport, TransportContext, TransportError,
+};
 
 pub use wire::{HEADER_LEN, Header, OP_READ, OP_V2, OP_WRITE, STATUS_MAGIC, Status};
 
@@ -174,7 +176,7 @@ impl Transport for TcpTransport {
             .map_err(|_| TransportError("TCP transport started twice".into()))
     }
 
-    fn describe(&self, desc: &mut SegmentDesc) {
+    fn describe(&self, desc: &mut SegmentDesc, _regions: &[RegionInfo]) {
         if let Some(running) = self.running.get() {
             desc.tcp_data_port = running.local.port();
             desc.tcp_proto_version = u32::from(self.config.proto_version);

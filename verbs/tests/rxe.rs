@@ -90,8 +90,7 @@ fn post_and_wait(qp: &QueuePair, op: SendOp, sge: Sge) -> Completion {
         sges: vec![sge],
         signaled: true,
     };
-    // SAFETY: every SGE in these tests points into an MR that outlives the wait below.
-    unsafe { qp.post_send(&[request]) }.unwrap();
+    qp.post_send(&[request]).unwrap();
     let started = Instant::now();
     let mut out = [Completion::EMPTY];
     while qp.cq().poll(&mut out).unwrap() == 0 {
@@ -534,13 +533,10 @@ fn send_receive_and_write_with_immediate_wake_a_blocking_waiter() {
     b.connect(&peer(&a), &path).unwrap();
     let mut sender = register(&pd, 4096, Access::REMOTE);
     let receiver = register(&pd, 4096, Access::REMOTE);
-    // SAFETY: both receive buffers live in `receiver`, which outlives the waits below.
-    unsafe {
-        b.post_recv(&[
-            (100, vec![receiver.sge(0, 256)]),
-            (101, vec![receiver.sge(256, 256)]),
-        ])
-    }
+    b.post_recv(&[
+        (100, vec![receiver.sge(0, 256)]),
+        (101, vec![receiver.sge(256, 256)]),
+    ])
     .unwrap();
 
     // Nothing happened yet: the waiter sleeps for its timeout and takes nothing.
@@ -566,8 +562,7 @@ fn send_receive_and_write_with_immediate_wake_a_blocking_waiter() {
         sges: vec![sender.sge(0, 5)],
         signaled: true,
     };
-    // SAFETY: the SGEs point into `sender`, which outlives the waits below.
-    unsafe { a.post_send(&[send, write_imm]) }.unwrap();
+    a.post_send(&[send, write_imm]).unwrap();
 
     let mut seen = Vec::new();
     let started = Instant::now();

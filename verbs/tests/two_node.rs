@@ -124,8 +124,7 @@ fn rc_traffic_crosses_both_links_between_two_nodes() {
                 sges: vec![sge(0, 1 << 20)],
                 signaled: true,
             };
-            // SAFETY: the SGE lies in `mr`, alive until the completion below.
-            unsafe { qp.post_send(&[read]) }.unwrap();
+            qp.post_send(&[read]).unwrap();
             assert_eq!(wait_one(&cq).status, Ok(()), "link {link}: read");
             // SAFETY: in bounds; volatile because the NIC wrote it.
             let got: Vec<u8> = (0..1 << 20)
@@ -145,8 +144,7 @@ fn rc_traffic_crosses_both_links_between_two_nodes() {
                 sges: vec![sge(0, 4096)],
                 signaled: true,
             };
-            // SAFETY: as above.
-            unsafe { qp.post_send(&[write]) }.unwrap();
+            qp.post_send(&[write]).unwrap();
             assert_eq!(wait_one(&cq).status, Ok(()), "link {link}: write");
             publish(&sync, &format!("b{link}.done"), "");
             await_file(&sync, &format!("a{link}.verified"));

@@ -1,6 +1,15 @@
 //! `tern-metadata-server`: Mooncake's HTTP metadata protocol, in memory. Point any node at
-//! `http://<addr>:<port>/metadata`, a Mooncake node included.
+//! `http://<addr>:<port>/metadata`, a Mooncake node included. It serves until SIGINT or
+//! SIGTERM, whatever its stdin is, then stops listening and exits 0 (a second signal exits at
+//! once).
+#![forbid(unsafe_code)]
 
+// Shared with `tern-bench`, which uses all of it.
+#[allow(dead_code)]
+#[path = "../service.rs"]
+mod service;
+
+use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
@@ -31,18 +40,32 @@ fn main() -> ExitCode {
         Ok(addr) => addr,
         Err(_) => return usage("--bind takes an IP address"),
     };
-    match tern_metadata::http::HttpMetadataServer::start(addr) {
-        Ok(server) => {
-            println!("serving http://{}/metadata", server.local_addr());
-            loop {
-                std::thread::park();
-            }
+    let stop = match service::Stop::install() {
+        Ok(stop) => stop,
+        Err(e) => {
+            eprintln!("tern-metadata-server: {e}");
+            return ExitCode::FAILURE;
         }
+    };
+    let server = match tern_metadata::http::HttpMetadataServer::start(addr) {
+        Ok(server) => server,
         Err(e) => {
             eprintln!("tern-metadata-server: cannot bind {addr}: {e}");
-            ExitCode::FAILURE
+            return ExitCode::FAILURE;
         }
+    };
+    println!("serving http://{}/metadata", server.local_addr());
+    if let Err(e) = std::io::stdout().flush() {
+        eprintln!("tern-metadata-server: writing to stdout: {e}");
+        return ExitCode::FAILURE;
     }
+    let reason = stop.wait(None);
+    eprintln!(
+        "tern-metadata-server: {reason}; stopping http://{}/metadata",
+        server.local_addr()
+    );
+    drop(server);
+    ExitCode::SUCCESS
 }
 
 fn usage(problem: &str) -> ExitCode {

@@ -1,27 +1,93 @@
-//! Starts `tern-bench --mode=target` as its own process and reads the segment name it prints.
+//! Starts `tern-bench --mode=target` as its own process, the way a script does (stdin
+//! `/dev/null`), reads the segment name it prints, and stops it with a signal.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+#![allow(dead_code)]
 
-/// The target process (its stdin held open: closing it stops the target) and its segment.
-pub fn start_target(args: &[&str], envs: &[(&str, &str)]) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tern-bench"))
-        .arg("--mode=target")
-        .args(args)
-        .envs(envs.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let segment = line
-        .trim()
-        .strip_prefix("segment: ")
-        .expect("the target printed its segment")
-        .to_owned();
-    (child, segment)
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+
+/// A running target. Dropping it kills the process (SIGKILL) if it still runs.
+pub struct Target {
+    pub child: Child,
+    pub segment: String,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl Target {
+    /// Starts a target with `args` and `envs` and waits for its `segment: <name>` line.
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tern-bench"))
+            .arg("--mode=target")
+            .args(args)
+            .envs(envs.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = drain(child.stderr.take().unwrap());
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        match line.trim().strip_prefix("segment: ") {
+            Some(segment) => Self {
+                child,
+                segment: segment.to_owned(),
+                stderr: Some(stderr),
+            },
+            None => {
+                let _ = child.kill();
+                let status = child.wait().unwrap();
+                panic!(
+                    "the target did not start ({status}): {}",
+                    stderr.join().unwrap()
+                );
+            }
+        }
+    }
+
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Sends `signal` (`TERM`, `INT`, …), waits for the process to exit, and returns its
+    /// status and everything it wrote to stderr.
+    pub fn stop(&mut self, signal: &str) -> (ExitStatus, String) {
+        send_signal(self.child.id(), signal);
+        let status = self.child.wait().unwrap();
+        let stderr = self
+            .stderr
+            .take()
+            .map(|thread| thread.join().unwrap())
+            .unwrap_or_default();
+        (status, stderr)
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `signal` to `pid` with `kill(1)` (the tests, like the binaries, have no `unsafe`).
+pub fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args(["-s", signal, &pid.to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(status.success(), "kill -s {signal} {pid}: {status}");
+}
+
+/// Reads a pipe to its end on a thread.
+pub fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        text
+    })
 }

@@ -1,0 +1,182 @@
+//! The local NICs: which devices to use, opened once, with their port, GID and MTU.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tern_verbs::{Context, DeviceLimits, GidEntry, ProtectionDomain, VerbsError};
+
+use crate::config::RdmaConfig;
+use crate::error::RdmaError;
+use crate::topology::numa_node_of_nic;
+
+/// Bytes and slices one NIC moved, and slices that failed on it.
+#[derive(Debug, Default)]
+pub struct NicCounters {
+    /// Bytes of completed slices.
+    pub bytes: AtomicU64,
+    /// Completed slices.
+    pub slices: AtomicU64,
+    /// Slices that failed on this NIC (and were retried elsewhere, or failed their task).
+    pub failures: AtomicU64,
+}
+
+/// What one NIC has moved so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicStats {
+    /// Device name.
+    pub name: String,
+    /// Bytes of completed slices.
+    pub bytes: u64,
+    /// Completed slices.
+    pub slices: u64,
+    /// Failed slices.
+    pub failures: u64,
+    /// Whether the NIC is paused (its port is down, or it kept failing).
+    pub paused: bool,
+}
+
+/// One opened device and the facts its endpoints need.
+#[derive(Debug)]
+pub(crate) struct Nic {
+    /// Position in the transport's NIC list (and in every region's key arrays).
+    pub index: usize,
+    pub name: String,
+    pub pd: Arc<ProtectionDomain>,
+    pub port: u8,
+    pub gid: GidEntry,
+    pub lid: u16,
+    /// Path MTU in bytes: the port's active MTU, capped by the configuration.
+    pub mtu: u32,
+    pub numa_node: Option<u32>,
+    pub limits: DeviceLimits,
+    pub counters: NicCounters,
+}
+
+impl Nic {
+    pub fn context(&self) -> &Arc<Context> {
+        self.pd.context()
+    }
+
+    pub fn counted(&self, bytes: usize) {
+        self.counters
+            .bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        self.counters.slices.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the port is up now.
+    pub fn port_active(&self) -> bool {
+        self.context()
+            .port(self.port)
+            .map(|p| p.active)
+            .unwrap_or(false)
+    }
+}
+
+/// The verbs enum of an MTU in bytes (256 → 1 … 4096 → 5).
+pub(crate) fn mtu_enum(bytes: u32) -> u32 {
+    match bytes {
+        0..=256 => 1,
+        257..=512 => 2,
+        513..=1024 => 3,
+        1025..=2048 => 4,
+        _ => 5,
+    }
+}
+
+/// Opens every device the configuration allows that has an active port and a usable GID,
+/// in the host's device order. Fails with a message naming what was looked for and why each
+/// device was passed over when none is usable, or when the allow-list names a device that
+/// is missing.
+pub(crate) fn open_nics(config: &RdmaConfig) -> Result<Vec<Nic>, RdmaError> {
+    let looked_for = if config.devices.is_empty() {
+        "any device (no allow-list: MC_TE_FILTERS or the device list is empty)".to_owned()
+    } else {
+        config.devices.join(", ")
+    };
+    let names = tern_verbs::device_names().map_err(|source| RdmaError::Device {
+        device: "(device list)".into(),
+        source,
+    })?;
+    if names.is_empty() {
+        return Err(RdmaError::NoDevice {
+            looked_for,
+            found: "ibv_get_device_list lists no device (the kernel has no RDMA support, or \
+                    no NIC is bound to an RDMA driver)"
+                .into(),
+        });
+    }
+    if let Some(missing) = config.devices.iter().find(|d| !names.contains(d)) {
+        return Err(RdmaError::NoDevice {
+            looked_for,
+            found: format!(
+                "{missing:?} does not exist; the host has {}",
+                names.join(", ")
+            ),
+        });
+    }
+    let mut nics = Vec::new();
+    let mut passed_over = Vec::new();
+    for name in names {
+        if !config.devices.is_empty() && !config.devices.contains(&name) {
+            continue;
+        }
+        match open_nic(nics.len(), &name, config) {
+            Ok(nic) => nics.push(nic),
+            Err(reason) => passed_over.push(format!("{name}: {reason}")),
+        }
+    }
+    if nics.is_empty() {
+        return Err(RdmaError::NoDevice {
+            looked_for,
+            found: format!("none is usable ({})", passed_over.join("; ")),
+        });
+    }
+    for skipped in passed_over {
+        tracing::warn!("RDMA device passed over: {skipped}");
+    }
+    Ok(nics)
+}
+
+fn open_nic(index: usize, name: &str, config: &RdmaConfig) -> Result<Nic, String> {
+    let verbs = |e: VerbsError| e.to_string();
+    let context = Context::open(name).map_err(verbs)?;
+    let port = context.port(config.ib_port).map_err(verbs)?;
+    if !port.active {
+        return Err(format!("port {} is not active", config.ib_port));
+    }
+    let gid = context
+        .select_gid(config.ib_port, config.gid_index)
+        .map_err(verbs)?;
+    if gid.gid.is_zero() {
+        return Err(format!("GID index {} is empty", gid.index));
+    }
+    let limits = context.limits().map_err(verbs)?;
+    let pd = ProtectionDomain::new(&context).map_err(verbs)?;
+    Ok(Nic {
+        index,
+        name: name.to_owned(),
+        pd,
+        port: config.ib_port,
+        gid,
+        lid: port.lid,
+        mtu: port.mtu_bytes().min(config.mtu),
+        numa_node: numa_node_of_nic(Path::new("/sys"), name),
+        limits,
+        counters: NicCounters::default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mtu_bytes_map_to_the_verbs_enum() {
+        assert_eq!(
+            [256, 512, 1024, 2048, 4096, 9000].map(mtu_enum),
+            [1, 2, 3, 4, 5, 5]
+        );
+    }
+}

@@ -1,0 +1,640 @@
+//! The state the transport's threads share: NICs with their workers and endpoint stores,
+//! registered keys, path health; routing of slices; both sides of the Connection handshake.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
+
+use tern_engine::{PeerSegment, Slice, TransferError, TransportContext};
+use tern_memreg::nic::NicKeys;
+use tern_metadata::rpc::RpcType;
+use tern_metadata::{BufferDesc, PriorityMatrix};
+use tern_verbs::{Gid, PathConfig, QpCaps};
+
+use crate::config::RdmaConfig;
+use crate::endpoint::{Endpoint, EndpointStore, PeerQps, State};
+use crate::handshake::{HandshakeDesc, check_request, path_mtu};
+use crate::nic::Nic;
+use crate::route::{Blame, Health, Ranked, Side, choose};
+use crate::topology::candidates;
+use crate::worker::{Job, Msg, WorkerHandle};
+
+/// The most QPs a peer may ask for in one endpoint.
+pub(crate) const MAX_QPS_PER_ENDPOINT: usize = 64;
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One local NIC with what hangs off it.
+#[derive(Debug)]
+pub(crate) struct NicSlot {
+    pub nic: Nic,
+    pub workers: Vec<WorkerHandle>,
+    pub store: Mutex<EndpointStore>,
+    /// The port is not ACTIVE (the monitor looks once a second).
+    pub port_down: AtomicBool,
+}
+
+/// Where a slice goes.
+#[derive(Debug)]
+pub(crate) struct Route {
+    pub nic: usize,
+    pub key: Arc<str>,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// A peer as routing sees it: its NIC paths and, per location, its ranked NICs.
+#[derive(Debug)]
+struct PeerView {
+    segment: Arc<PeerSegment>,
+    names: Vec<String>,
+    paths: Vec<Arc<str>>,
+    ranked: HashMap<String, Ranked>,
+}
+
+/// What routing looked up for one submit call, reused across its slices.
+#[derive(Debug, Default)]
+pub(crate) struct RouteCache {
+    keys: Option<(usize, Arc<NicKeys>)>,
+    local: HashMap<String, Ranked>,
+    peer: Option<PeerView>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub config: RdmaConfig,
+    pub context: TransportContext,
+    pub nics: Vec<NicSlot>,
+    pub names: Vec<String>,
+    pub matrix: PriorityMatrix,
+    pub keys: RwLock<HashMap<usize, Arc<NicKeys>>>,
+    pub health: Mutex<Health>,
+    /// Whether anything might be paused; routing skips the health lookups when not.
+    pub maybe_paused: AtomicBool,
+    pub stripe: AtomicUsize,
+    pub stopping: AtomicBool,
+    pub template: PathConfig,
+    pub caps: QpCaps,
+    pub cq_entries: usize,
+}
+
+/// Which of a NIC's workers owns the endpoints of a peer NIC path.
+pub(crate) fn worker_of(key: &str, workers: usize) -> usize {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    (hasher.finish() % workers.max(1) as u64) as usize
+}
+
+impl Shared {
+    pub fn nic(&self, index: usize) -> &Nic {
+        &self.nics[index].nic
+    }
+
+    pub fn config_spin(&self) -> Duration {
+        self.config.spin
+    }
+
+    pub fn cq_entries(&self) -> usize {
+        self.cq_entries
+    }
+
+    pub fn worker_index(&self, key: &str) -> usize {
+        worker_of(key, self.config.workers_per_nic)
+    }
+
+    /// This node's path for one of its NICs.
+    pub fn local_path(&self, nic: usize) -> String {
+        format!("{}@{}", self.context.segment_name, self.nics[nic].nic.name)
+    }
+
+    /// Whether a local NIC may carry new slices now.
+    pub fn nic_usable(&self, nic: usize, now: Instant) -> bool {
+        let port_down = self.nics[nic].port_down.load(Ordering::Relaxed);
+        let failing =
+            self.maybe_paused.load(Ordering::Relaxed) && lock(&self.health).nic_paused(nic, now);
+        !port_down && !failing
+    }
+
+    /// NICs to publish: the usable ones, or all when none is (peers keep trying).
+    pub fn published_nics(&self) -> Vec<usize> {
+        let now = Instant::now();
+        let usable: Vec<usize> = (0..self.nics.len())
+            .filter(|&i| self.nic_usable(i, now))
+            .collect();
+        if usable.is_empty() {
+            (0..self.nics.len()).collect()
+        } else {
+            usable
+        }
+    }
+
+    pub fn blame(&self, nic: usize, key: &Arc<str>, blame: Blame) {
+        self.maybe_paused.store(true, Ordering::Relaxed);
+        let paused_nic = lock(&self.health).failed(nic, key, blame, Instant::now());
+        if paused_nic {
+            tracing::warn!(
+                "NIC {} keeps failing: paused for {:?}, and the descriptor republished without it",
+                self.nics[nic].nic.name,
+                self.config.rail_pause
+            );
+            self.republish_later();
+        }
+    }
+
+    pub fn succeeded(&self, nic: usize) {
+        if self.maybe_paused.load(Ordering::Relaxed) {
+            lock(&self.health).succeeded(nic);
+        }
+    }
+
+    /// Republishes from a thread of its own: the engine calls back into `describe`, and the
+    /// caller may hold locks `describe` needs.
+    pub fn republish_later(&self) {
+        let context = self.context.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tern-rdma-publish".into())
+            .spawn(move || {
+                if let Err(e) = context.republish() {
+                    tracing::warn!("republishing after a NIC change: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot republish after a NIC change: {e}");
+        }
+    }
+
+    /// Picks the path, NIC and keys of a slice.
+    pub fn route(
+        &self,
+        slice: &Slice,
+        attempt: u32,
+        stripe: usize,
+        avoid: Option<(usize, &str)>,
+        cache: &mut RouteCache,
+    ) -> Result<Route, TransferError> {
+        let region = slice.local.info();
+        let keys = match &cache.keys {
+            Some((addr, keys)) if *addr == region.addr => keys.clone(),
+            _ => {
+                let keys = self
+                    .keys
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&region.addr)
+                    .cloned()
+                    .ok_or(TransferError::SourceNotRegistered {
+                        addr: slice.local_addr,
+                        len: slice.len,
+                    })?;
+                cache.keys = Some((region.addr, keys.clone()));
+                keys
+            }
+        };
+        let buffer = slice
+            .peer
+            .desc
+            .buffer_containing(slice.remote_addr, slice.len as u64)
+            .ok_or_else(|| TransferError::TargetOutOfRange {
+                segment: slice.peer.name.clone(),
+                addr: slice.remote_addr,
+                len: slice.len,
+            })?;
+        let rkeys = match &buffer.rkey {
+            Some(rkeys) if !rkeys.is_empty() => rkeys,
+            // Not remote-accessible there: the peer would refuse it.
+            _ => {
+                return Err(TransferError::RemoteRejected {
+                    peer: slice.peer.name.clone(),
+                    addr: slice.remote_addr,
+                    len: slice.len,
+                });
+            }
+        };
+        let local_ranked = cache
+            .local
+            .entry(region.location.clone())
+            .or_insert_with(|| self.local_ranked(&region.location))
+            .clone();
+        let peer = peer_view(&slice.peer, cache, buffer);
+        let unreachable = |why: String| TransferError::Connection {
+            peer: slice.peer.name.clone(),
+            message: why,
+        };
+        let local_names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        let peer_names: Vec<&str> = peer.names.iter().map(String::as_str).collect();
+        let peer_ranked = peer.ranked.get(&buffer.name).cloned().unwrap_or_default();
+        let now = Instant::now();
+        let health = self
+            .maybe_paused
+            .load(Ordering::Relaxed)
+            .then(|| lock(&self.health));
+        let paused = |l: usize, p: usize| -> bool {
+            if self.nics[l].port_down.load(Ordering::Relaxed) {
+                return true;
+            }
+            health.as_ref().is_some_and(|h| {
+                h.nic_paused(l, now)
+                    || peer
+                        .paths
+                        .get(p)
+                        .is_some_and(|path| h.path_paused(l, path, now))
+            })
+        };
+        let avoid = avoid.and_then(|(l, key)| {
+            peer.paths
+                .iter()
+                .position(|path| &**path == key)
+                .map(|p| (l, p))
+        });
+        let (l, p) = choose(
+            &Side {
+                ranked: &local_ranked,
+                names: &local_names,
+            },
+            &Side {
+                ranked: &peer_ranked,
+                names: &peer_names,
+            },
+            stripe,
+            attempt,
+            avoid,
+            &paused,
+        )
+        .ok_or_else(|| {
+            unreachable(format!(
+                "no path from this node's NICs {:?} to the peer's {:?}",
+                self.names, peer.names
+            ))
+        })?;
+        let lkey = *keys
+            .lkeys
+            .get(l)
+            .ok_or_else(|| unreachable("no local key for the chosen NIC".into()))?;
+        let rkey = *rkeys.get(p).ok_or_else(|| {
+            unreachable(format!(
+                "the peer's buffer has {} rkeys for {} devices",
+                rkeys.len(),
+                peer.names.len()
+            ))
+        })?;
+        let key = peer
+            .paths
+            .get(p)
+            .cloned()
+            .ok_or_else(|| unreachable("no NIC path for the chosen peer NIC".into()))?;
+        Ok(Route {
+            nic: l,
+            key,
+            lkey,
+            rkey,
+        })
+    }
+
+    fn local_ranked(&self, location: &str) -> Ranked {
+        let found = candidates(&self.matrix, location, &self.names);
+        Ranked {
+            preferred: indices(&found.preferred, &self.names),
+            available: indices(&found.available, &self.names),
+        }
+    }
+
+    /// Sends a job to the worker that owns its path.
+    pub fn dispatch(&self, job: Job) {
+        let worker = self.worker_index(&job.key);
+        match self.nics.get(job.nic).and_then(|n| n.workers.get(worker)) {
+            Some(handle) => handle.send_jobs(vec![job]),
+            None => job.slice.fail(TransferError::Dropped(
+                "no worker for the chosen NIC".into(),
+            )),
+        }
+    }
+
+    /// A new route for a job that could not run where it was: `None` when it has been
+    /// failed instead (out of retries, no path, task over).
+    pub fn reroute(&self, mut job: Job, reason: Option<String>) -> Option<Job> {
+        if !job.slice.is_live() {
+            job.slice.abandon();
+            return None;
+        }
+        if job.attempt > self.config.retry_count {
+            let message = format!(
+                "gave up after {} attempt(s); last: {}",
+                job.attempt,
+                reason.unwrap_or_else(|| "endpoint lost".into())
+            );
+            job.slice.fail(TransferError::Connection {
+                peer: job.key.to_string(),
+                message,
+            });
+            return None;
+        }
+        let stripe = self.stripe.fetch_add(1, Ordering::Relaxed);
+        let avoid = reason.is_some().then_some((job.nic, &*job.key));
+        let route = self.route(
+            &job.slice,
+            job.attempt,
+            stripe,
+            avoid,
+            &mut RouteCache::default(),
+        );
+        match route {
+            Ok(route) => {
+                job.nic = route.nic;
+                job.key = route.key;
+                job.lkey = route.lkey;
+                job.rkey = route.rkey;
+                Some(job)
+            }
+            Err(error) => {
+                job.slice.fail(error);
+                None
+            }
+        }
+    }
+
+    /// Removes a retired endpoint from its NIC's store (if it is still there).
+    pub fn forget_endpoint(&self, ep: &Arc<Endpoint>) {
+        if let Some(slot) = self.nics.get(ep.nic) {
+            lock(&slot.store).remove(ep);
+        }
+    }
+
+    /// Retires endpoints another thread displaced and tells their workers.
+    fn retire_displaced(&self, displaced: Vec<Arc<Endpoint>>) {
+        for ep in displaced {
+            if ep.retire()
+                && let Some(handle) = self.nics.get(ep.nic).and_then(|n| n.workers.get(ep.worker))
+            {
+                let _ = handle.send(Msg::Changed(ep));
+            }
+        }
+    }
+
+    /// The endpoint a worker should use for `key`: the store's, or a new one whose
+    /// handshake starts on a thread of its own (the worker goes on with other endpoints).
+    pub fn endpoint_for(
+        self: &Arc<Self>,
+        nic: usize,
+        worker: usize,
+        key: &Arc<str>,
+        slice: &Slice,
+    ) -> Result<Arc<Endpoint>, String> {
+        let slot = self.nics.get(nic).ok_or_else(|| format!("no NIC #{nic}"))?;
+        let mut store = lock(&slot.store);
+        if let Some(ep) = store.get(key) {
+            return Ok(ep);
+        }
+        let cq = &slot
+            .workers
+            .get(worker)
+            .ok_or_else(|| format!("no worker #{worker}"))?
+            .cq;
+        let ep = Arc::new(
+            Endpoint::create(
+                key.clone(),
+                &slot.nic,
+                worker,
+                cq,
+                self.config.qps_per_endpoint,
+                self.caps,
+                State::Connecting,
+            )
+            .map_err(|e| format!("creating QPs on {}: {e}", slot.nic.name))?,
+        );
+        let displaced = store.insert(ep.clone());
+        drop(store);
+        self.retire_displaced(displaced);
+        let shared = self.clone();
+        let connecting = ep.clone();
+        let peer = slice.peer.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tern-rdma-connect".into())
+            .spawn(move || {
+                let result = shared.handshake(&connecting, &peer);
+                if result.is_ok() && !connecting.set_state(State::Ready) {
+                    return;
+                }
+                if let Some(handle) = shared
+                    .nics
+                    .get(connecting.nic)
+                    .and_then(|n| n.workers.get(connecting.worker))
+                {
+                    let _ = handle.send(Msg::Connected {
+                        ep: connecting,
+                        result,
+                    });
+                }
+            });
+        if let Err(e) = spawned {
+            lock(&slot.store).remove(&ep);
+            return Err(format!("cannot start a handshake thread: {e}"));
+        }
+        Ok(ep)
+    }
+
+    fn my_desc(&self, nic: usize, peer_path: &str, qp_num: Vec<u32>) -> HandshakeDesc {
+        let n = &self.nics[nic].nic;
+        HandshakeDesc {
+            local_gid: n.gid.gid.to_string(),
+            local_lid: n.lid,
+            local_nic_path: self.local_path(nic),
+            mtu: Some(n.mtu),
+            payload: String::new(),
+            peer_nic_path: peer_path.to_owned(),
+            qp_num,
+            ready_ack: Some(false),
+            reply_msg: String::new(),
+        }
+    }
+
+    /// The active side of the Connection handshake: our QPs go out, the peer's come back and
+    /// ours connect to them; then the ready ACK, if the peer speaks it.
+    fn handshake(&self, ep: &Endpoint, peer: &PeerSegment) -> Result<(), String> {
+        let nic = &self.nics[ep.nic].nic;
+        let mut request = self.my_desc(ep.nic, &ep.key, ep.qp_nums());
+        let call = |request: &HandshakeDesc| -> Result<HandshakeDesc, String> {
+            let reply = self
+                .context
+                .call_peer(
+                    peer,
+                    RpcType::Connection,
+                    &request.to_body(),
+                    Some(self.config.handshake_timeout),
+                )
+                .map_err(|e| e.to_string())?;
+            let reply = HandshakeDesc::parse(&reply)
+                .map_err(|e| format!("{} answered the handshake with {e}", ep.key))?;
+            if reply.is_rejection() {
+                return Err(format!(
+                    "{} refused the connection: {}",
+                    ep.key, reply.reply_msg
+                ));
+            }
+            Ok(reply)
+        };
+        let reply = call(&request)?;
+        let gid = Gid::parse(&reply.local_gid)
+            .filter(|g| !g.is_zero())
+            .ok_or_else(|| format!("{} answered with GID {:?}", ep.key, reply.local_gid))?;
+        let remote = PeerQps {
+            gid,
+            lid: reply.local_lid,
+            qps: reply.qp_num.clone(),
+            mtu: path_mtu(nic.mtu, reply.mtu),
+        };
+        ep.connect(nic, &remote, &self.template)?;
+        if reply.ready_ack.is_some() {
+            request.ready_ack = Some(true);
+            call(&request)?;
+        }
+        Ok(())
+    }
+
+    /// The passive side: answers a Connection message (a rejection for anything wrong,
+    /// having touched nothing).
+    pub fn handle_connection(&self, body: &[u8]) -> Vec<u8> {
+        let reply = match HandshakeDesc::parse(body) {
+            Err(e) => HandshakeDesc::rejection(format!("malformed handshake: {e}")),
+            Ok(desc) => self.answer(&desc).unwrap_or_else(HandshakeDesc::rejection),
+        };
+        reply.to_body()
+    }
+
+    fn answer(&self, desc: &HandshakeDesc) -> Result<HandshakeDesc, String> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err("this node is shutting down".into());
+        }
+        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        let request = check_request(
+            desc,
+            &self.context.segment_name,
+            &names,
+            MAX_QPS_PER_ENDPOINT,
+        )?;
+        let nic = self
+            .names
+            .iter()
+            .position(|n| *n == request.local_nic)
+            .ok_or_else(|| format!("no NIC {}", request.local_nic))?;
+        let slot = &self.nics[nic];
+        let key: Arc<str> = Arc::from(request.peer.to_string());
+        if desc.is_ready_ack() {
+            let ep = lock(&slot.store).get(&key);
+            return match ep {
+                Some(ep) if ep.peer_qps() == request.peer_qps => {
+                    if ep.state() == State::WaitAck && ep.set_state(State::Ready) {
+                        let _ = slot.workers[ep.worker].send(Msg::Changed(ep));
+                    }
+                    Ok(HandshakeDesc::ack_reply())
+                }
+                _ => Err(format!(
+                    "no connection from {key} with QPs {:?} awaits a ready ACK",
+                    request.peer_qps
+                )),
+            };
+        }
+        let remote = PeerQps {
+            gid: request.peer_gid,
+            lid: request.peer_lid,
+            qps: request.peer_qps.clone(),
+            mtu: path_mtu(slot.nic.mtu, request.peer_mtu),
+        };
+        let worker = self.worker_index(&key);
+        let mut store = lock(&slot.store);
+        let existing = store.get(&key);
+        let ep = match existing {
+            Some(ep) if ep.state() == State::Connecting && ep.qps.len() == remote.qps.len() => {
+                // Both sides opened at once: our pending QPs pair with theirs, and our own
+                // handshake, answered the same way, completes the pairing.
+                ep.connect(&slot.nic, &remote, &self.template)?;
+                ep
+            }
+            _ => {
+                let state = if request.wants_ready_ack {
+                    State::WaitAck
+                } else {
+                    State::Ready
+                };
+                let cq = &slot.workers[worker].cq;
+                let ep = Arc::new(
+                    Endpoint::create(
+                        key.clone(),
+                        &slot.nic,
+                        worker,
+                        cq,
+                        remote.qps.len(),
+                        self.caps,
+                        state,
+                    )
+                    .map_err(|e| format!("cannot create QPs on {}: {e}", slot.nic.name))?,
+                );
+                ep.connect(&slot.nic, &remote, &self.template)?;
+                let displaced = store.insert(ep.clone());
+                drop(store);
+                self.retire_displaced(displaced);
+                ep
+            }
+        };
+        Ok(self.my_desc(nic, &key, ep.qp_nums()))
+    }
+}
+
+/// Positions of `names` in `all`, in the order of `names`.
+fn indices(names: &[String], all: &[String]) -> Vec<usize> {
+    names
+        .iter()
+        .filter_map(|n| all.iter().position(|a| a == n))
+        .collect()
+}
+
+/// The routing view of `segment`, rebuilt when the engine swapped its descriptor, with the
+/// ranking of its NICs for `buffer`'s location.
+fn peer_view<'a>(
+    segment: &Arc<PeerSegment>,
+    cache: &'a mut RouteCache,
+    buffer: &BufferDesc,
+) -> &'a PeerView {
+    if cache
+        .peer
+        .as_ref()
+        .is_some_and(|view| !Arc::ptr_eq(&view.segment, segment))
+    {
+        cache.peer = None;
+    }
+    let view = cache.peer.get_or_insert_with(|| {
+        let server = segment
+            .desc
+            .rdma_server_name
+            .clone()
+            .unwrap_or_else(|| segment.name.clone());
+        let names: Vec<String> = segment
+            .desc
+            .devices
+            .iter()
+            .map(|d| d.name.clone())
+            .collect();
+        PeerView {
+            segment: segment.clone(),
+            paths: names
+                .iter()
+                .map(|n| Arc::from(format!("{server}@{n}")))
+                .collect(),
+            names,
+            ranked: HashMap::new(),
+        }
+    });
+    if !view.ranked.contains_key(&buffer.name) {
+        let matrix = segment.desc.priority_matrix.clone().unwrap_or_default();
+        let found = candidates(&matrix, &buffer.name, &view.names);
+        let ranked = Ranked {
+            preferred: indices(&found.preferred, &view.names),
+            available: indices(&found.available, &view.names),
+        };
+        view.ranked.insert(buffer.name.clone(), ranked);
+    }
+    view
+}

@@ -1,0 +1,602 @@
+//! The RDMA transport on one Soft-RoCE device: Mooncake's descriptor and handshake formats
+//! against the golden recordings (with a stand-in peer that speaks exactly those frames),
+//! bad handshake messages, the choice between RDMA and TCP, two processes, and endpoint
+//! eviction under traffic. Ignored on hosts without RDMA; `cargo xtask test` runs them in
+//! the Soft-RoCE guest.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::standin::{StandIn, Verbs, golden, keys, wire};
+use support::{builder, device, holds, pattern, rdma_with, spawn_helper, until_stdin_closes};
+use tern_engine::{
+    EngineError, SegmentDesc, TransferEngine, TransferError, TransferRequest, TransferStatus,
+};
+use tern_metadata::MetadataError;
+use tern_metadata::rpc::{self, RpcClientConfig, RpcType};
+use tern_transport_rdma::handshake::HandshakeDesc;
+use tern_transport_tcp::TcpTransport;
+use tern_verbs::{CompletionError, Gid, SendOp};
+
+const GOLDEN_SEGMENT: &str = include_str!("golden/mooncake-rdma-segment.json");
+
+/// A JSON value's shape: the same keys and the same kinds of values, recursively (an
+/// array's shape is its first element's).
+fn shape(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            Value::Object(map.iter().map(|(k, v)| (k.clone(), shape(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.iter().take(1).map(shape).collect()),
+        Value::String(_) => json!("string"),
+        Value::Number(_) => json!("number"),
+        Value::Bool(_) => json!("bool"),
+        Value::Null => json!("null"),
+    }
+}
+
+fn call(endpoint: &str, body: &str) -> String {
+    let reply = rpc::call(
+        endpoint,
+        RpcType::Connection,
+        body.as_bytes(),
+        &RpcClientConfig::default(),
+    )
+    .unwrap();
+    String::from_utf8(reply).unwrap()
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn the_descriptor_has_mooncakes_rdma_schema() {
+    support::setup(
+        "the_descriptor_has_mooncakes_rdma_schema",
+        Duration::from_secs(300),
+    );
+    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    let _buffer = engine.allocate(1 << 20, "cpu:0").unwrap();
+    let ours = engine.local_descriptor().to_json();
+    let mut mine: Value = serde_json::from_str(&ours).unwrap();
+    let mut theirs: Value = serde_json::from_str(GOLDEN_SEGMENT).unwrap();
+    // The matrix lists this host's storage types; each entry has the golden entry's shape.
+    let entry = shape(&theirs["priority_matrix"]["cpu:0"]);
+    for (location, value) in mine["priority_matrix"].as_object().unwrap() {
+        assert_eq!(shape(value), entry, "matrix entry {location}");
+    }
+    mine["priority_matrix"] = json!({});
+    theirs["priority_matrix"] = json!({});
+    assert_eq!(shape(&mine), shape(&theirs), "{ours}");
+    let desc = SegmentDesc::from_json(ours.as_bytes()).unwrap();
+    assert_eq!(desc.protocols(), ["rdma"]);
+    assert_eq!((desc.tcp_data_port, desc.tcp_proto_version), (0, 1));
+    assert_eq!(desc.devices.len(), 1);
+    assert_eq!(desc.devices[0].name, device());
+    assert!(Gid::parse(&desc.devices[0].gid).is_some_and(|g| g.is_ipv4_mapped()));
+    let buffer = &desc.buffers[0];
+    assert_eq!(buffer.name, "cpu:0");
+    assert_eq!(buffer.rkey.as_ref().map(Vec::len), Some(1));
+    assert_eq!(buffer.lkey.as_ref().map(Vec::len), Some(1));
+    let matrix = desc.priority_matrix.as_ref().unwrap();
+    assert_eq!(matrix["cpu:0"][0], [device()]);
+    assert!(ours.ends_with("}\n"));
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn tern_connects_to_a_peer_that_answers_the_golden_frames() {
+    support::setup(
+        "tern_connects_to_a_peer_that_answers_the_golden_frames",
+        Duration::from_secs(300),
+    );
+    let golden = golden();
+    let standin = StandIn::start(&device(), 1 << 20);
+    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    let peer = engine.open_segment(&standin.name).unwrap();
+    let local = engine.allocate(1 << 20, "cpu:0").unwrap();
+    local.write_at(0, &pattern(1, 256 << 10)).unwrap();
+    let remote = standin.verbs.addr() as u64;
+    engine
+        .transfer_sync(TransferRequest::write(
+            local.addr(),
+            peer,
+            remote,
+            256 << 10,
+        ))
+        .unwrap();
+    assert_eq!(standin.verbs.read_at(0, 256 << 10), pattern(1, 256 << 10));
+    standin.verbs.write_at(512 << 10, &pattern(2, 100_000));
+    engine
+        .transfer_sync(TransferRequest::read(
+            local.addr() + 4096,
+            peer,
+            remote + (512 << 10),
+            100_000,
+        ))
+        .unwrap();
+    assert!(holds(&local, 4096, 2, 100_000));
+
+    // Tern's frames carry the recorded keys (plus its MTU), in the recorded order of events:
+    // the request, then the ready ACK with the same QPs.
+    let exchanges = standin.exchanges.lock().unwrap().clone();
+    assert_eq!(
+        exchanges.len(),
+        2,
+        "one request and one ready ACK: {exchanges:?}"
+    );
+    let mut expected = keys(&golden.req);
+    expected.push("mtu".into());
+    expected.sort();
+    for (request, _) in &exchanges {
+        assert_eq!(keys(request), expected, "{request}");
+        assert!(
+            request.ends_with("}\n"),
+            "one trailing newline: {request:?}"
+        );
+    }
+    let first: Value = serde_json::from_str(&exchanges[0].0).unwrap();
+    let ack: Value = serde_json::from_str(&exchanges[1].0).unwrap();
+    assert_eq!(
+        (first["ready_ack"].clone(), ack["ready_ack"].clone()),
+        (json!(false), json!(true))
+    );
+    assert_eq!(first["qp_num"], ack["qp_num"]);
+    assert_eq!(
+        first["qp_num"].as_array().unwrap().len(),
+        2,
+        "MC_NUM_QP_PER_EP default"
+    );
+    assert_eq!(
+        first["peer_nic_path"],
+        json!(format!("{}@{}", standin.name, device()))
+    );
+    assert_eq!(
+        first["local_nic_path"],
+        json!(format!("{}@{}", engine.segment_name(), device()))
+    );
+    assert_eq!(exchanges[1].1, format!("{}\n", golden.rep_ack));
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn tern_answers_the_golden_frames_of_an_active_peer() {
+    support::setup(
+        "tern_answers_the_golden_frames_of_an_active_peer",
+        Duration::from_secs(300),
+    );
+    let golden = golden();
+    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    let buffer = engine.allocate(1 << 20, "cpu:0").unwrap();
+    let desc = engine.local_descriptor();
+    let rkey = desc.buffers[0].rkey.as_ref().unwrap()[0];
+    let endpoint = format!("127.0.0.1:{}", engine.rpc_port());
+    let verbs = Verbs::open(&device(), 1 << 20);
+    let qps = verbs.qps(2);
+
+    let mut request: Value = serde_json::from_str(&golden.req).unwrap();
+    request["local_gid"] = json!(verbs.gid.to_string());
+    request["local_nic_path"] = json!(format!("10.77.0.1:15671@{}", device()));
+    request["peer_nic_path"] = json!(format!("{}@{}", engine.segment_name(), device()));
+    request["qp_num"] = json!(qps.iter().map(|q| q.qp_num()).collect::<Vec<_>>());
+    let reply = call(&endpoint, &wire(&request));
+    let mut expected = keys(&golden.rep);
+    expected.push("mtu".into());
+    expected.sort();
+    assert_eq!(keys(&reply), expected, "{reply}");
+    let reply: Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(reply["reply_msg"], json!(""));
+    assert_eq!(reply["ready_ack"], json!(false));
+    assert_eq!(reply["peer_nic_path"], request["local_nic_path"]);
+    let tern_qps: Vec<u32> = serde_json::from_value(reply["qp_num"].clone()).unwrap();
+    let tern_gid = Gid::parse(reply["local_gid"].as_str().unwrap()).unwrap();
+    verbs.connect(&qps, tern_gid, &tern_qps);
+
+    let mut ack = request.clone();
+    ack["ready_ack"] = json!(true);
+    assert_eq!(
+        keys(&wire(&ack)),
+        keys(&golden.req_ack),
+        "the ACK frame is the recorded one"
+    );
+    assert_eq!(
+        call(&endpoint, &wire(&ack)),
+        format!("{}\n", golden.rep_ack)
+    );
+
+    // The passive endpoint carries one-sided traffic both ways, on both QPs.
+    verbs.write_at(0, &pattern(3, 64 << 10));
+    let write = SendOp::Write {
+        remote_addr: buffer.addr() as u64 + 8192,
+        rkey,
+    };
+    assert_eq!(verbs.run(&qps[0], write, 0, 64 << 10).status, Ok(()));
+    assert!(holds(&buffer, 8192, 3, 64 << 10));
+    buffer.write_at(300_000, &pattern(4, 5000)).unwrap();
+    let read = SendOp::Read {
+        remote_addr: buffer.addr() as u64 + 300_000,
+        rkey,
+    };
+    assert_eq!(verbs.run(&qps[1], read, 100_000, 5000).status, Ok(()));
+    assert_eq!(verbs.read_at(100_000, 5000), pattern(4, 5000));
+
+    // The recorded rejection: a request for another node gets a reply of the recorded shape.
+    let mut stray = request.clone();
+    stray["peer_nic_path"] = json!(format!("10.77.0.1:15077@{}", device()));
+    stray["qp_num"] = json!([5, 6]);
+    let rejection = call(&endpoint, &wire(&stray));
+    assert_eq!(keys(&rejection), keys(&golden.rejection), "{rejection}");
+    let rejection = HandshakeDesc::parse(rejection.as_bytes()).unwrap();
+    assert!(
+        rejection.reply_msg.contains("10.77.0.1:15077"),
+        "{}",
+        rejection.reply_msg
+    );
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn bad_connection_messages_are_rejected_and_touch_nothing() {
+    support::setup(
+        "bad_connection_messages_are_rejected_and_touch_nothing",
+        Duration::from_secs(300),
+    );
+    let target = rdma_with(|_| {});
+    let probe = target.clone();
+    let engine = builder(target).build().unwrap();
+    let buffer = engine.allocate(1 << 20, "cpu:0").unwrap();
+    let endpoint = format!("127.0.0.1:{}", engine.rpc_port());
+    let verbs = Verbs::open(&device(), 4096);
+    let me = format!("{}@{}", engine.segment_name(), device());
+    let good = HandshakeDesc {
+        local_gid: verbs.gid.to_string(),
+        local_nic_path: format!("10.77.0.9:15000@{}", device()),
+        peer_nic_path: me.clone(),
+        qp_num: vec![101, 102],
+        ready_ack: Some(false),
+        ..HandshakeDesc::default()
+    };
+    let qps_before = tern_verbs::live_queue_pairs();
+    let cases: Vec<(String, &str)> = vec![
+        ("{\"local_gid\": ".into(), "malformed"),
+        ("[1, 2, 3]\n".into(), "malformed"),
+        (
+            String::from_utf8(
+                HandshakeDesc {
+                    peer_nic_path: format!("{}@mlx5_9", engine.segment_name()),
+                    ..good.clone()
+                }
+                .to_body(),
+            )
+            .unwrap(),
+            "mlx5_9",
+        ),
+        (
+            String::from_utf8(
+                HandshakeDesc {
+                    peer_nic_path: format!("10.1.1.1:1@{}", device()),
+                    ..good.clone()
+                }
+                .to_body(),
+            )
+            .unwrap(),
+            "10.1.1.1:1",
+        ),
+        (
+            String::from_utf8(
+                HandshakeDesc {
+                    qp_num: vec![],
+                    ..good.clone()
+                }
+                .to_body(),
+            )
+            .unwrap(),
+            "QP",
+        ),
+        (
+            String::from_utf8(
+                HandshakeDesc {
+                    qp_num: (1..=65).collect(),
+                    ..good.clone()
+                }
+                .to_body(),
+            )
+            .unwrap(),
+            "QP",
+        ),
+        (
+            String::from_utf8(
+                HandshakeDesc {
+                    local_gid: "not a gid".into(),
+                    ..good.clone()
+                }
+                .to_body(),
+            )
+            .unwrap(),
+            "GID",
+        ),
+        (
+            String::from_utf8(
+                HandshakeDesc {
+                    ready_ack: Some(true),
+                    ..good.clone()
+                }
+                .to_body(),
+            )
+            .unwrap(),
+            "ready ACK",
+        ),
+    ];
+    for (body, why) in &cases {
+        let reply = call(&endpoint, body);
+        let reply = HandshakeDesc::parse(reply.as_bytes()).unwrap();
+        assert!(
+            reply.is_rejection() && reply.reply_msg.to_lowercase().contains(&why.to_lowercase()),
+            "{body:?} got {reply:?}"
+        );
+        assert!(reply.qp_num.is_empty());
+    }
+    assert_eq!(probe.endpoints(), 0, "a rejected message made an endpoint");
+    assert_eq!(
+        tern_verbs::live_queue_pairs(),
+        qps_before,
+        "a rejected message made QPs"
+    );
+    // The node still serves a real peer.
+    let initiator = builder(rdma_with(|_| {})).build().unwrap();
+    let peer = initiator.open_segment(engine.segment_name()).unwrap();
+    let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
+    local.write_at(0, &pattern(5, 4096)).unwrap();
+    initiator
+        .transfer_sync(TransferRequest::write(
+            local.addr(),
+            peer,
+            buffer.addr() as u64,
+            4096,
+        ))
+        .unwrap();
+    assert!(holds(&buffer, 0, 5, 4096));
+}
+
+/// A peer whose descriptor has more rkeys than devices is refused with the reason, before
+/// any transfer (Mooncake indexes out of bounds there).
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn a_descriptor_with_more_rkeys_than_devices_is_refused() {
+    support::setup(
+        "a_descriptor_with_more_rkeys_than_devices_is_refused",
+        Duration::from_secs(300),
+    );
+    let verbs = Arc::new(Verbs::open(&device(), 4096));
+    let served = verbs.clone();
+    let server = rpc::RpcServer::start(
+        "127.0.0.1".parse().unwrap(),
+        rpc::RpcServerConfig::default(),
+        Arc::new(
+            move |_ty: RpcType, _body: &[u8]| -> Result<Vec<u8>, String> {
+                let mut desc: Value =
+                    serde_json::from_str(&served.descriptor("bad-peer", &device())).unwrap();
+                desc["buffers"][0]["rkey"] = json!([1, 2]);
+                desc["buffers"][0]["lkey"] = json!([1, 2]);
+                Ok(wire(&desc).into_bytes())
+            },
+        ),
+    )
+    .unwrap();
+    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    let name = format!("127.0.0.1:{}", server.local_addr().port());
+    let error = engine.open_segment(&name).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            EngineError::Metadata(MetadataError::Descriptor { .. })
+        ) && error.to_string().contains("2 rkeys for 1 devices"),
+        "{error}"
+    );
+}
+
+/// With TCP and RDMA both installed, a peer that speaks both is reached over RDMA, one that
+/// speaks only TCP over TCP.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn rdma_is_chosen_over_tcp_when_the_peer_speaks_both() {
+    support::setup(
+        "rdma_is_chosen_over_tcp_when_the_peer_speaks_both",
+        Duration::from_secs(300),
+    );
+    let rdma = rdma_with(|_| {});
+    let stats = rdma.clone();
+    let initiator = builder(rdma)
+        .transport(TcpTransport::default())
+        .build()
+        .unwrap();
+    let both = builder(rdma_with(|_| {}))
+        .transport(TcpTransport::default())
+        .build()
+        .unwrap();
+    let tcp_only = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(TcpTransport::default())
+        .build()
+        .unwrap();
+    assert_eq!(
+        both.local_descriptor().protocols(),
+        ["rdma", "tcp"],
+        "a node with both publishes both"
+    );
+    let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
+    local.write_at(0, &pattern(6, 1 << 20)).unwrap();
+    let rdma_bytes = || stats.stats().iter().map(|s| s.bytes).sum::<u64>();
+    for (target, over_rdma) in [(&both, true), (&tcp_only, false)] {
+        let remote = target.allocate(1 << 20, "cpu:0").unwrap();
+        let peer = initiator.open_segment(target.segment_name()).unwrap();
+        let before = rdma_bytes();
+        initiator
+            .transfer_sync(TransferRequest::write(
+                local.addr(),
+                peer,
+                remote.addr() as u64,
+                1 << 20,
+            ))
+            .unwrap();
+        assert!(holds(&remote, 0, 6, 1 << 20));
+        assert_eq!(rdma_bytes() - before, if over_rdma { 1 << 20 } else { 0 });
+    }
+}
+
+/// Helper process for the two-process test: an RDMA target with an 8 MiB buffer holding
+/// pattern 7, until its stdin closes.
+#[test]
+#[ignore = "helper process of two_processes_share_one_device"]
+fn helper_target() {
+    if std::env::var(support::HELPER_ENV).as_deref() != Ok("target") {
+        return;
+    }
+    support::setup("helper_target", Duration::from_secs(300));
+    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    let buffer = engine.allocate(8 << 20, "cpu:0").unwrap();
+    buffer.write_at(0, &pattern(7, 8 << 20)).unwrap();
+    println!("buffer: {} {}", engine.segment_name(), buffer.addr());
+    until_stdin_closes();
+    assert!(
+        holds(&buffer, 4 << 20, 8, 1 << 20),
+        "the initiator's write landed"
+    );
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn two_processes_share_one_device() {
+    support::setup("two_processes_share_one_device", Duration::from_secs(300));
+    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
+    let (segment, addr) = value.split_once(' ').unwrap();
+    let remote: u64 = addr.parse().unwrap();
+    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    let peer = engine.open_segment(segment).unwrap();
+    let local = engine.allocate(8 << 20, "cpu:0").unwrap();
+    engine
+        .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 8 << 20))
+        .unwrap();
+    assert!(holds(&local, 0, 7, 8 << 20), "read from the other process");
+    local.write_at(0, &pattern(8, 1 << 20)).unwrap();
+    engine
+        .transfer_sync(TransferRequest::write(
+            local.addr(),
+            peer,
+            remote + (4 << 20),
+            1 << 20,
+        ))
+        .unwrap();
+    assert!(target.finish().success(), "the target saw the write");
+}
+
+/// With room for one endpoint per NIC, alternating between three peers evicts on every
+/// switch; every transfer still lands and the QPs stay bounded.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn evicted_endpoints_are_remade_and_qps_stay_bounded() {
+    support::setup(
+        "evicted_endpoints_are_remade_and_qps_stay_bounded",
+        Duration::from_secs(300),
+    );
+    let rdma = rdma_with(|c| c.max_endpoints = 1);
+    let stats = rdma.clone();
+    let initiator = builder(rdma).build().unwrap();
+    let targets: Vec<TransferEngine> = (0..3)
+        .map(|_| builder(rdma_with(|c| c.max_endpoints = 4)).build().unwrap())
+        .collect();
+    let buffers: Vec<_> = targets
+        .iter()
+        .map(|t| t.allocate(1 << 20, "cpu:0").unwrap())
+        .collect();
+    let peers: Vec<_> = targets
+        .iter()
+        .map(|t| initiator.open_segment(t.segment_name()).unwrap())
+        .collect();
+    let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
+    let mut qps_after_warmup = 0;
+    for round in 0..30 {
+        let i = round % 3;
+        local.write_at(0, &pattern(round as u64, 64 << 10)).unwrap();
+        initiator
+            .transfer_sync(TransferRequest::write(
+                local.addr(),
+                peers[i],
+                buffers[i].addr() as u64,
+                64 << 10,
+            ))
+            .unwrap();
+        assert!(
+            holds(&buffers[i], 0, round as u64, 64 << 10),
+            "round {round}"
+        );
+        assert!(
+            stats.endpoints() <= 1,
+            "{} endpoints cached",
+            stats.endpoints()
+        );
+        if round == 5 {
+            // Retired endpoints go once their flushes are polled; give the worker a moment.
+            std::thread::sleep(Duration::from_millis(500));
+            qps_after_warmup = tern_verbs::live_queue_pairs();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let now = tern_verbs::live_queue_pairs();
+    assert!(
+        now <= qps_after_warmup,
+        "QPs grew from {qps_after_warmup} to {now}"
+    );
+}
+
+/// A remote access error (the peer unregistered the memory) fails the task with a typed
+/// error and the path keeps working.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn a_remote_access_error_fails_the_task_and_the_path_recovers() {
+    support::setup(
+        "a_remote_access_error_fails_the_task_and_the_path_recovers",
+        Duration::from_secs(300),
+    );
+    let target = builder(rdma_with(|_| {})).build().unwrap();
+    let initiator = builder(rdma_with(|_| {})).build().unwrap();
+    let kept = target.allocate(1 << 20, "cpu:0").unwrap();
+    let gone = target.allocate(1 << 20, "cpu:0").unwrap();
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    let gone_addr = gone.addr() as u64;
+    drop(gone);
+    let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
+    let batch = initiator.allocate_batch(1).unwrap();
+    initiator
+        .submit(
+            &batch,
+            &[TransferRequest::write(
+                local.addr(),
+                peer,
+                gone_addr,
+                1 << 20,
+            )],
+        )
+        .unwrap();
+    batch.wait(Duration::from_secs(60));
+    let status = batch.task_status(0).unwrap().status;
+    assert!(
+        matches!(
+            status,
+            TransferStatus::Failed(TransferError::RemoteRejected { .. })
+        ),
+        "{status}"
+    );
+    let _ = CompletionError::REMOTE_ACCESS;
+    local.write_at(0, &pattern(9, 4096)).unwrap();
+    initiator
+        .transfer_sync(TransferRequest::write(
+            local.addr(),
+            peer,
+            kept.addr() as u64,
+            4096,
+        ))
+        .unwrap();
+    assert!(holds(&kept, 0, 9, 4096));
+}
