@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use tern_engine::{BatchState, OwnedBuffer, SegmentId, TransferEngine, TransferRequest};
+use tern_transport_rdma::topology::parse_device_list;
+use tern_transport_rdma::{RdmaConfig, RdmaTransport};
 use tern_transport_tcp::{TcpConfig, TcpTransport};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -45,9 +47,18 @@ struct Args {
     /// read (remote → local) or write (local → remote).
     #[arg(long, value_enum, default_value = "read")]
     operation: Operation,
-    /// Transport protocol.
+    /// Transport protocol: tcp, or rdma (RDMA READ/WRITE over the NICs `--device_name`
+    /// allows).
     #[arg(long, default_value = "tcp")]
     protocol: String,
+    /// RDMA devices to use, comma separated (e.g. `rxe0,rxe1`); default: `MC_TE_FILTERS`,
+    /// else every device with an active port.
+    #[arg(long = "device_name")]
+    device_name: Option<String>,
+    /// RDMA: a NIC priority matrix file in Mooncake's JSON form (default:
+    /// `MC_CUSTOM_TOPO_JSON`, else one built from the NICs' NUMA nodes).
+    #[arg(long = "nic_priority_matrix")]
+    nic_priority_matrix: Option<std::path::PathBuf>,
     /// Metadata connection string.
     #[arg(long = "metadata_server", default_value = "P2PHANDSHAKE")]
     metadata_server: String,
@@ -90,6 +101,10 @@ struct Args {
     /// Largest TCP slice in bytes.
     #[arg(long = "tcp_slice_size")]
     tcp_slice_size: Option<usize>,
+    /// After the run, stay idle this many seconds with the endpoints open and report the CPU
+    /// the initiator (and, in loopback, the target) used meanwhile.
+    #[arg(long = "idle_seconds")]
+    idle_seconds: Option<f64>,
     /// Target: also stop when stdin reaches end of file (for a parent process that holds it
     /// open, as `--mode loopback` does).
     #[arg(long = "stop_on_stdin_eof")]
@@ -138,7 +153,7 @@ fn run(args: &Args) -> Result<(), String> {
                 .segment_id
                 .clone()
                 .ok_or("--segment_id names the target (it prints it at start)")?;
-            report(args, &run_initiator(args, &segment)?)
+            report(args, &run_initiator(args, &segment, None)?)
         }
         Mode::Loopback => run_loopback(args),
         Mode::WatchLatency => run_watch_latency(args),
@@ -146,23 +161,34 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn engine(args: &Args, default_name: Option<&str>) -> Result<TransferEngine, String> {
-    if args.protocol != "tcp" {
-        return Err(format!(
-            "--protocol={} is not available in this build; use --protocol=tcp",
-            args.protocol
-        ));
-    }
-    let defaults = TcpConfig::default();
-    let tcp = TcpConfig {
-        connections_per_peer: args
-            .tcp_connections
-            .unwrap_or(defaults.connections_per_peer),
-        slice_size: args.tcp_slice_size.unwrap_or(defaults.slice_size),
-        ..defaults
+    let mut builder = TransferEngine::builder().metadata(args.metadata_server.clone());
+    builder = match args.protocol.as_str() {
+        "tcp" => {
+            let defaults = TcpConfig::default();
+            builder.transport(TcpTransport::new(TcpConfig {
+                connections_per_peer: args
+                    .tcp_connections
+                    .unwrap_or(defaults.connections_per_peer),
+                slice_size: args.tcp_slice_size.unwrap_or(defaults.slice_size),
+                ..defaults
+            }))
+        }
+        "rdma" => {
+            let mut config = RdmaConfig::from_env();
+            if let Some(list) = &args.device_name {
+                config.devices = parse_device_list(list);
+            }
+            if let Some(path) = &args.nic_priority_matrix {
+                config.topology_file = Some(path.clone());
+            }
+            builder.transport(RdmaTransport::discover(config).map_err(|e| e.to_string())?)
+        }
+        other => {
+            return Err(format!(
+                "--protocol={other} is not available; use --protocol=tcp or --protocol=rdma"
+            ));
+        }
     };
-    let mut builder = TransferEngine::builder()
-        .metadata(args.metadata_server.clone())
-        .transport(TcpTransport::new(tcp));
     if let Some(name) = args.local_server_name.as_deref().or(default_name) {
         builder = builder.local_server_name(name);
     }
@@ -242,9 +268,37 @@ struct Outcome {
     bytes: u64,
     batches: u64,
     latencies_us: Vec<f64>,
+    /// With `--idle_seconds`: percent of one core the initiator (and the target, when this
+    /// process started it) used while idle with its endpoints open.
+    idle_cpu: Option<(f64, Option<f64>)>,
 }
 
-fn run_initiator(args: &Args, segment: &str) -> Result<Outcome, String> {
+/// User plus system CPU time of a process so far, from `/proc/<pid>/stat` (in clock ticks
+/// of 1/100 s: USER_HZ is 100 for `/proc` on Linux).
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; the fields after it are plain numbers.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    Some((ticks(11)? + ticks(12)?) / 100.0)
+}
+
+/// Percent of a core each process uses over `seconds` of doing nothing.
+fn idle_cpu(seconds: f64, target: Option<u32>) -> (f64, Option<f64>) {
+    let target = target.map(|pid| pid.to_string());
+    let before = (cpu_seconds("self"), target.as_deref().and_then(cpu_seconds));
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let wall = started.elapsed().as_secs_f64();
+    let after = (cpu_seconds("self"), target.as_deref().and_then(cpu_seconds));
+    let percent = |a: Option<f64>, b: Option<f64>| Some((b? - a?) / wall * 100.0);
+    (
+        percent(before.0, after.0).unwrap_or(f64::NAN),
+        percent(before.1, after.1),
+    )
+}
+
+fn run_initiator(args: &Args, segment: &str, target: Option<u32>) -> Result<Outcome, String> {
     let engine = engine(args, None)?;
     let peer = engine
         .open_segment(segment)
@@ -296,6 +350,7 @@ fn run_initiator(args: &Args, segment: &str) -> Result<Outcome, String> {
             bytes: 0,
             batches: 0,
             latencies_us: Vec::new(),
+            idle_cpu: None,
         };
         let mut failure = None;
         for worker in workers {
@@ -313,7 +368,11 @@ fn run_initiator(args: &Args, segment: &str) -> Result<Outcome, String> {
         (failure.map_or(Ok(outcome), Err), started)
     });
     let _ = started;
-    outcome
+    let mut outcome = outcome?;
+    if let Some(seconds) = args.idle_seconds {
+        outcome.idle_cpu = Some(idle_cpu(seconds, target));
+    }
+    Ok(outcome)
 }
 
 fn show_progress(ctx: &Shared<'_>, started: Instant, run_for: Duration) {
@@ -357,6 +416,7 @@ impl Shared<'_> {
             bytes: 0,
             batches: 0,
             latencies_us: Vec::new(),
+            idle_cpu: None,
         };
         let mut requests = Vec::with_capacity(args.batch_size);
         let mut round = 0usize;
@@ -474,6 +534,11 @@ fn run_loopback(args: &Args) -> Result<(), String> {
             &format!("--protocol={}", args.protocol),
             &format!("--buffer_size={}", args.buffer_size),
         ])
+        .args(
+            args.device_name
+                .iter()
+                .map(|d| format!("--device_name={d}")),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -496,7 +561,7 @@ fn run_loopback(args: &Args) -> Result<(), String> {
     let result = first_line.trim().strip_prefix("segment: ").map(|segment| {
         let mut initiator = args.clone();
         initiator.local_server_name = Some("127.0.0.1".into());
-        run_initiator(&initiator, segment)
+        run_initiator(&initiator, segment, Some(child.id()))
     });
     drop(child.stdin.take());
     let status = child
@@ -623,6 +688,12 @@ fn report(args: &Args, outcome: &Outcome) -> Result<(), String> {
             percentile(&latencies, 50.0),
             percentile(&latencies, 99.0)
         );
+        if let Some((initiator, target)) = outcome.idle_cpu {
+            let target = target.map_or_else(|| "not measured".to_owned(), |t| format!("{t:.2}%"));
+            println!(
+                "idle with endpoints open: initiator {initiator:.2}% of a core, target {target}"
+            );
+        }
         return Ok(());
     }
     eprintln!("{line}");
@@ -638,6 +709,8 @@ fn report(args: &Args, outcome: &Outcome) -> Result<(), String> {
         "avg_latency_us": avg,
         "p50_latency_us": percentile(&latencies, 50.0),
         "p99_latency_us": percentile(&latencies, 99.0),
+        "idle_cpu_initiator_pct": outcome.idle_cpu.map(|c| c.0),
+        "idle_cpu_target_pct": outcome.idle_cpu.and_then(|c| c.1),
     });
     println!("{json}");
     Ok(())

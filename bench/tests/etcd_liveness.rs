@@ -1,8 +1,6 @@
 //! A node killed with SIGKILL loses its etcd keys within the lease TTL; `tern-bench` runs
 //! against etcd and against the HTTP metadata server.
 
-#[path = "../../metadata/tests/support/etcd.rs"]
-mod etcd;
 #[path = "support/target.rs"]
 mod support;
 
@@ -10,8 +8,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use etcd::{eventually, get, unique};
 use support::Target;
+use tern_testkit::etcd;
+use tern_testkit::etcd::{eventually, get, unique};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tern-bench");
 

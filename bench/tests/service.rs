@@ -4,8 +4,6 @@
 //! the target's keys deleted at once (etcd, HTTP store). Also: `--mode loopback` shows the
 //! target's own error when the target cannot start.
 
-#[path = "../../metadata/tests/support/etcd.rs"]
-mod etcd;
 #[path = "support/target.rs"]
 mod support;
 
@@ -15,8 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use etcd::{get, unique};
 use support::{Target, drain, send_signal};
+use tern_testkit::etcd;
+use tern_testkit::etcd::{get, unique};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tern-bench");
 const METADATA_SERVER: &str = env!("CARGO_BIN_EXE_tern-metadata-server");

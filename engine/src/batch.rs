@@ -41,10 +41,18 @@ pub(crate) struct BatchInner {
     /// Nanoseconds after `origin`; 0 = no deadline.
     deadline_ns: AtomicU64,
     origin: Instant,
+    /// How long `wait` polls before it sleeps: a transfer that ends within it is seen at
+    /// once, without a condvar round trip.
+    spin: Duration,
 }
 
 impl BatchInner {
+    #[cfg(test)]
     pub(crate) fn new(capacity: usize) -> Self {
+        Self::with_spin(capacity, Duration::ZERO)
+    }
+
+    pub(crate) fn with_spin(capacity: usize, spin: Duration) -> Self {
         Self {
             tasks: (0..capacity).map(|_| TaskState::default()).collect(),
             reserve: Mutex::new(0),
@@ -56,6 +64,7 @@ impl BatchInner {
             freed: AtomicBool::new(false),
             deadline_ns: AtomicU64::new(0),
             origin: Instant::now(),
+            spin,
         }
     }
 
@@ -241,7 +250,12 @@ impl BatchInner {
 
     /// Sleeps until no task is in flight, `timeout` passes, or the deadline passes.
     pub(crate) fn wait(&self, timeout: Duration) -> BatchStatus {
-        let until = Instant::now() + timeout;
+        let started = Instant::now();
+        let until = started + timeout;
+        let spin_until = started + self.spin.min(timeout);
+        while self.unfinished.load(Ordering::Acquire) > 0 && Instant::now() < spin_until {
+            std::hint::spin_loop();
+        }
         loop {
             // Outside the wake lock: timing tasks out finishes them, which takes that lock.
             self.enforce_deadline();

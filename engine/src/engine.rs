@@ -26,6 +26,9 @@ use crate::types::{Notify, SegmentId, TransferRequest, TransferStatus};
 /// layer).
 pub const TRANSFER_TIMEOUT_ENV: &str = "MC_TRANSFER_TIMEOUT";
 
+/// Environment variable with [`TransferEngineBuilder::wait_spin`] in microseconds.
+pub const WAIT_SPIN_ENV: &str = "TERN_WAIT_SPIN_US";
+
 /// Notifications kept before the oldest is dropped.
 const MAX_QUEUED_NOTIFIES: usize = 65_536;
 
@@ -37,6 +40,7 @@ pub struct TransferEngineBuilder {
     rpc_ports: PortChoice,
     transports: Vec<Arc<dyn Transport>>,
     transfer_timeout: Option<Duration>,
+    wait_spin: Duration,
     pretouch: PretouchPolicy,
     /// Store settings, including the handshake RPC client's timeouts.
     store: StoreOptions,
@@ -72,6 +76,13 @@ impl Default for TransferEngineBuilder {
             rpc_ports: PortChoice::default(),
             transports: Vec::new(),
             transfer_timeout: Some(Duration::from_secs(timeout_secs)),
+            wait_spin: Duration::from_micros(
+                std::env::var(WAIT_SPIN_ENV)
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(200)
+                    .min(100_000),
+            ),
             pretouch: PretouchPolicy::default(),
             store: StoreOptions::default(),
         }
@@ -115,6 +126,14 @@ impl TransferEngineBuilder {
     /// Defaults to `MC_TRANSFER_TIMEOUT` seconds, else 30 s.
     pub fn transfer_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.transfer_timeout = timeout;
+        self
+    }
+
+    /// How long [`Batch::wait`] polls for completion before it sleeps (default 200 µs, or
+    /// `TERN_WAIT_SPIN_US`): a short transfer is then seen done at once instead of after a
+    /// wake-up, at the price of that much CPU per wait.
+    pub fn wait_spin(mut self, spin: Duration) -> Self {
+        self.wait_spin = spin;
         self
     }
 
@@ -211,6 +230,7 @@ impl TransferEngineBuilder {
             notifies: Mutex::new(VecDeque::new()),
             change: Mutex::new(()),
             transfer_timeout: self.transfer_timeout,
+            wait_spin: self.wait_spin,
             rpc_client,
             pretouch: self.pretouch,
             rpc_server: Mutex::new({
@@ -264,6 +284,7 @@ struct EngineInner {
     /// Serialises registration changes and the descriptor publication that follows them.
     change: Mutex<()>,
     transfer_timeout: Option<Duration>,
+    wait_spin: Duration,
     rpc_client: RpcClientConfig,
     pretouch: PretouchPolicy,
     rpc_server: Mutex<Option<RpcServer>>,
@@ -460,7 +481,7 @@ impl TransferEngine {
             )));
         }
         Ok(Batch {
-            inner: Arc::new(BatchInner::new(capacity)),
+            inner: Arc::new(BatchInner::with_spin(capacity, self.inner.wait_spin)),
         })
     }
 

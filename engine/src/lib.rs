@@ -38,7 +38,9 @@ mod transport;
 mod types;
 
 pub use batch::Batch;
-pub use engine::{OwnedBuffer, TRANSFER_TIMEOUT_ENV, TransferEngine, TransferEngineBuilder};
+pub use engine::{
+    OwnedBuffer, TRANSFER_TIMEOUT_ENV, TransferEngine, TransferEngineBuilder, WAIT_SPIN_ENV,
+};
 pub use error::{EngineError, TransferError};
 pub use tern_memreg::{PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw};
 pub use tern_metadata::net::PortChoice;

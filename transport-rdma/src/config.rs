@@ -106,10 +106,11 @@ pub struct RdmaConfig {
     /// "retry forever" on Soft-RoCE; Tern retries above the QP instead.
     pub qp_retry_count: u8,
     /// Pin worker threads to CPUs on their NIC's NUMA node (`TERN_RDMA_PIN_WORKERS`, default
-    /// on; `0`/`false`/`no`/`off` turn it off).
+    /// on; `0`/`false`/`no`/`off` turn it off). Where the node has fewer than four CPUs the
+    /// workers are not pinned either way.
     pub pin_workers: bool,
     /// How long a worker keeps polling after its last work before it sleeps on its
-    /// completion channel (`TERN_RDMA_SPIN_US`, default 50 µs, at most 100 ms): longer
+    /// completion channel (`TERN_RDMA_SPIN_US`, default 500 µs, at most 100 ms): longer
     /// spins cut the latency of the next request, shorter ones the CPU of a quiet node.
     pub spin: Duration,
 }
@@ -137,7 +138,7 @@ impl Default for RdmaConfig {
             ack_timeout: 14,
             qp_retry_count: 6,
             pin_workers: true,
-            spin: Duration::from_micros(50),
+            spin: Duration::from_micros(500),
         }
     }
 }
@@ -364,7 +365,7 @@ mod tests {
                 ack_timeout: 18,
                 qp_retry_count: 3,
                 pin_workers: false,
-                spin: Duration::from_micros(50),
+                spin: Duration::from_micros(500),
             }
         );
         assert_eq!(config.tail_merge_below(), 131072);

@@ -257,3 +257,144 @@ impl EndpointStore {
         self.cache.drain().into_iter().map(|(_, ep)| ep).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::config::RdmaConfig;
+    use crate::nic::open_nics;
+
+    /// QPs the kernel counts on `device` (`rdma resource show`: `0: rxe0: pd 1 cq 2 qp 9
+    /// ...`), the GSI QP (QP 1) included.
+    fn kernel_qps(device: &str) -> usize {
+        let output = std::process::Command::new("rdma")
+            .args(["resource", "show"])
+            .output()
+            .expect("iproute2's rdma tool runs");
+        assert!(output.status.success(), "rdma resource show: {output:?}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(&format!("{device}:")))
+            .unwrap_or_else(|| panic!("rdma resource show lists no {device}: {text}"));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words
+            .iter()
+            .position(|w| *w == "qp")
+            .unwrap_or_else(|| panic!("no qp count in {line:?}"));
+        words[at + 1]
+            .parse()
+            .unwrap_or_else(|_| panic!("no qp count in {line:?}"))
+    }
+
+    /// Connecting and evicting endpoints 10 000 times keeps the QPs bounded by the store's
+    /// capacity, by Tern's own count and by the kernel's.
+    #[test]
+    #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma --lib"]
+    fn connecting_and_evicting_10000_times_keeps_the_qps_bounded() {
+        const ROUNDS: usize = 10_000;
+        const CAPACITY: usize = 4;
+        const QPS: usize = 2;
+        // The store's endpoints, and the one in hand before it goes in.
+        const BOUND: usize = CAPACITY * QPS + QPS;
+        let device = std::env::var("TERN_RXE").unwrap_or_else(|_| "rxe0".into());
+        let config = RdmaConfig {
+            devices: vec![device.clone()],
+            ..RdmaConfig::default()
+        };
+        let nics = open_nics(&config).expect("the Soft-RoCE device opens");
+        let nic = &nics[0];
+        let crate::nic::Sizing {
+            cq_entries,
+            caps,
+            template,
+        } = crate::nic::sizing(&config, &nics);
+        let cq = CompletionQueue::new(nic.context(), cq_entries as i32).unwrap();
+        let tern_before = tern_verbs::live_queue_pairs();
+        let kernel_before = kernel_qps(&device);
+        eprintln!("before: Tern counts {tern_before} QPs, the kernel {kernel_before} on {device}");
+        let mut store = EndpointStore::new(CAPACITY);
+        let mut displaced_total = 0;
+        let started = Instant::now();
+        for round in 0..ROUNDS {
+            // 13 peers over a store of 4: most inserts evict, some replace a cached peer.
+            let key: Arc<str> = Arc::from(format!("10.0.0.{}:15000@{device}", round % 13));
+            let ep = Arc::new(
+                Endpoint::create(key, nic, 0, &cq, QPS, caps, State::Connecting)
+                    .unwrap_or_else(|e| panic!("round {round}: {e}")),
+            );
+            let me = PeerQps {
+                gid: nic.gid.gid,
+                lid: nic.lid,
+                qps: ep.qp_nums(),
+                mtu: nic.mtu,
+            };
+            ep.connect(nic, &me, &template)
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert!(ep.set_state(State::Ready));
+            assert_eq!(ep.peer_qps(), me.qps);
+            let live = tern_verbs::live_queue_pairs() - tern_before;
+            assert!(live <= BOUND, "round {round}: {live} QPs live");
+            let displaced = store.insert(ep);
+            assert!(store.len() <= CAPACITY, "round {round}: {}", store.len());
+            if round >= CAPACITY {
+                assert_eq!(
+                    displaced.len(),
+                    1,
+                    "round {round}: a full store displaces one"
+                );
+            }
+            displaced_total += displaced.len();
+            for old in displaced {
+                assert!(old.retire(), "round {round}: retired twice");
+                assert_eq!(old.state(), State::Dead);
+                assert_eq!(Arc::strong_count(&old), 1, "round {round}: still shared");
+            }
+            let live = tern_verbs::live_queue_pairs() - tern_before;
+            assert!(
+                live <= CAPACITY * QPS,
+                "round {round}: {live} QPs live after eviction"
+            );
+            if round % 1000 == 999 {
+                let kernel = kernel_qps(&device);
+                eprintln!(
+                    "round {}: {:.1} s, Tern {live} QPs, kernel {kernel}",
+                    round + 1,
+                    started.elapsed().as_secs_f64()
+                );
+                assert!(
+                    kernel <= kernel_before + CAPACITY * QPS,
+                    "round {round}: the kernel counts {kernel} QPs (from {kernel_before})"
+                );
+            }
+        }
+        let elapsed = started.elapsed();
+        eprintln!(
+            "{ROUNDS} connect + evict rounds took {:.1} s ({:.0} us each)",
+            elapsed.as_secs_f64(),
+            elapsed.as_secs_f64() * 1e6 / ROUNDS as f64
+        );
+        assert_eq!(displaced_total, ROUNDS - CAPACITY);
+        let tern_end = tern_verbs::live_queue_pairs() - tern_before;
+        let kernel_end = kernel_qps(&device);
+        eprintln!("end: Tern counts {tern_end} QPs (store full), the kernel {kernel_end}");
+        assert_eq!(tern_end, CAPACITY * QPS);
+        // The kernel also counts the GSI QP (QP 1), which the baseline holds.
+        assert_eq!(kernel_end, kernel_before + CAPACITY * QPS);
+        assert!(
+            kernel_end <= BOUND + 1,
+            "the kernel counts {kernel_end} QPs"
+        );
+        for ep in store.drain() {
+            assert!(ep.retire());
+        }
+        assert_eq!(tern_verbs::live_queue_pairs(), tern_before);
+        assert_eq!(
+            kernel_qps(&device),
+            kernel_before,
+            "QPs left after draining"
+        );
+    }
+}

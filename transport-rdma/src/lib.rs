@@ -38,7 +38,7 @@ use tern_engine::{
 };
 use tern_memreg::nic::register_on_devices;
 use tern_metadata::{DeviceDesc, PriorityMatrix};
-use tern_verbs::{Access, CompletionQueue, PathConfig, QpCaps};
+use tern_verbs::{Access, CompletionQueue};
 
 pub use config::RdmaConfig;
 pub use error::RdmaError;
@@ -175,8 +175,13 @@ impl RdmaTransport {
     }
 }
 
-/// CPUs for worker `slot` of a NIC on `node`: counted from the last CPU of the node, so that
-/// workers and the application's first threads (usually on CPU 0) stay apart.
+/// Fewer CPUs than this near a NIC and workers are left to the scheduler: pinned to one of
+/// two or three CPUs, a worker keeps colliding with the application's own threads (measured
+/// on 2 vCPUs: 4 KiB latency several times worse pinned).
+const MIN_CPUS_TO_PIN: usize = 4;
+
+/// The CPU for worker `slot` of a NIC on `node`: counted from the last CPU of the node, so
+/// that workers and the application's first threads (usually on CPU 0) stay apart.
 fn worker_cpu(node: Option<u32>, slot: usize) -> Option<usize> {
     let node_cpus = node
         .map(|n| topology::node_cpus(Path::new("/sys"), n))
@@ -191,7 +196,7 @@ fn worker_cpu(node: Option<u32>, slot: usize) -> Option<usize> {
         node_cpus
     };
     let len = cpus.len();
-    (len > 0).then(|| cpus[len - 1 - slot % len])
+    (len >= MIN_CPUS_TO_PIN).then(|| cpus[len - 1 - slot % len])
 }
 
 impl Inner {
@@ -200,24 +205,11 @@ impl Inner {
             .take()
             .ok_or(RdmaError::State("the RDMA transport was started twice"))?;
         let config = &self.config;
-        let min_limit = |f: fn(&Nic) -> i64| nics.iter().map(f).min().unwrap_or(0);
-        let cq_entries = (config.max_cqe as i64)
-            .min(min_limit(|n| i64::from(n.limits.max_cqe)))
-            .max(16) as usize;
-        let max_wr = i64::from(config.max_wr)
-            .min(min_limit(|n| i64::from(n.limits.max_qp_wr)))
-            .max(1) as u32;
-        let caps = QpCaps {
-            max_send_wr: max_wr,
-            max_recv_wr: 1,
-            max_sge: 1,
-            max_inline: 0,
-        };
-        let template = PathConfig {
-            timeout: config.ack_timeout,
-            retry_count: config.qp_retry_count,
-            ..PathConfig::default()
-        };
+        let nic::Sizing {
+            cq_entries,
+            caps,
+            template,
+        } = nic::sizing(config, &nics);
         let mut slots = Vec::with_capacity(nics.len());
         let mut inboxes = Vec::new();
         for nic in nics {
@@ -264,6 +256,8 @@ impl Inner {
             template,
             caps,
             cq_entries,
+            peer_views: Mutex::new(HashMap::new()),
+            local_ranked: Mutex::new(HashMap::new()),
             nics: slots,
         });
         for (n, w, inbox) in inboxes {

@@ -4,7 +4,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tern_verbs::{Context, DeviceLimits, GidEntry, ProtectionDomain, VerbsError};
+use tern_verbs::{
+    Context, DeviceLimits, GidEntry, PathConfig, ProtectionDomain, QpCaps, VerbsError,
+};
 
 use crate::config::RdmaConfig;
 use crate::error::RdmaError;
@@ -71,6 +73,42 @@ impl Nic {
             .port(self.port)
             .map(|p| p.active)
             .unwrap_or(false)
+    }
+}
+
+/// Queue sizes and QP path settings for a configuration on a set of NICs: the
+/// configuration's, clamped to what every NIC allows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizing {
+    /// Entries of each worker's completion queue.
+    pub cq_entries: usize,
+    pub caps: QpCaps,
+    /// RTR/RTS settings; each endpoint fills in its port, GID index and MTU.
+    pub template: PathConfig,
+}
+
+pub(crate) fn sizing(config: &RdmaConfig, nics: &[Nic]) -> Sizing {
+    let min_limit = |f: fn(&Nic) -> i64| nics.iter().map(f).min().unwrap_or(0);
+    let cq_entries = i64::from(config.max_cqe)
+        .min(min_limit(|n| i64::from(n.limits.max_cqe)))
+        .max(16) as usize;
+    let max_wr = i64::from(config.max_wr)
+        .min(min_limit(|n| i64::from(n.limits.max_qp_wr)))
+        .max(1) as u32;
+    Sizing {
+        cq_entries,
+        caps: QpCaps {
+            max_send_wr: max_wr,
+            // Tern's data path is one-sided: nothing is ever received.
+            max_recv_wr: 1,
+            max_sge: 1,
+            max_inline: 0,
+        },
+        template: PathConfig {
+            timeout: config.ack_timeout,
+            retry_count: config.qp_retry_count,
+            ..PathConfig::default()
+        },
     }
 }
 

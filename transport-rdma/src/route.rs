@@ -19,7 +19,7 @@ pub(crate) struct Ranked {
 }
 
 impl Ranked {
-    fn all(&self) -> impl Iterator<Item = usize> + '_ {
+    fn all(&self) -> impl Iterator<Item = usize> + Clone + '_ {
         self.preferred.iter().chain(&self.available).copied()
     }
 
@@ -49,36 +49,35 @@ pub(crate) fn choose(
         return None;
     }
     if attempt == 0 {
-        let usable = |l: usize| peer.ranked.all().any(|p| !paused(l, p));
-        let locals: Vec<usize> = local
-            .ranked
-            .preferred
-            .iter()
-            .copied()
-            .filter(|&l| usable(l))
-            .collect();
-        let locals = if locals.is_empty() {
-            local.ranked.all().filter(|&l| usable(l)).collect()
+        // The common case allocates nothing: count the candidates, then take one.
+        let usable = |l: &usize| peer.ranked.all().any(|p| !paused(*l, p));
+        let preferred = local.ranked.preferred.iter().copied().filter(usable);
+        let count = preferred.clone().count();
+        let l = if count > 0 {
+            preferred.clone().nth(stripe % count)
         } else {
-            locals
+            let count = local.ranked.all().filter(usable).count().max(1);
+            local.ranked.all().filter(usable).nth(stripe % count)
         };
-        if let Some(&l) = locals.get(stripe % locals.len().max(1)) {
+        if let Some(l) = l {
             let name = local.names.get(l).copied().unwrap_or("");
             let rail = peer
                 .ranked
                 .all()
                 .find(|&p| peer.names.get(p) == Some(&name) && !paused(l, p));
-            let peers: Vec<usize> = peer
-                .ranked
-                .preferred
-                .iter()
-                .copied()
-                .filter(|&p| !paused(l, p))
-                .collect();
-            let fallback = peers
-                .get(stripe % peers.len().max(1))
-                .copied()
-                .or_else(|| peer.ranked.all().find(|&p| !paused(l, p)));
+            let open = || {
+                peer.ranked
+                    .preferred
+                    .iter()
+                    .copied()
+                    .filter(|&p| !paused(l, p))
+            };
+            let count = open().count();
+            let fallback = if count > 0 {
+                open().nth(stripe % count)
+            } else {
+                peer.ranked.all().find(|&p| !paused(l, p))
+            };
             if let Some(p) = rail.or(fallback) {
                 return Some((l, p));
             }
@@ -135,8 +134,18 @@ pub(crate) enum Blame {
 
 const SOFT_FAILURES_TO_PAUSE: usize = 5;
 const SOFT_WINDOW: Duration = Duration::from_secs(5);
-/// Failures in a row on one local NIC, on no matter which path, that pause the NIC.
+/// Failures in a row on one local NIC that pause the NIC, if they came from at least
+/// [`NIC_FAILING_PEERS`] different peers: one dead peer must not take a NIC away from the
+/// others.
 const NIC_FAILURES_TO_PAUSE: u32 = 16;
+const NIC_FAILING_PEERS: usize = 3;
+
+/// Failures in a row on one local NIC, and the peer servers they came from.
+#[derive(Debug, Default, Clone)]
+struct Streak {
+    failures: u32,
+    peers: Vec<String>,
+}
 
 #[derive(Debug, Default)]
 struct PathHealth {
@@ -149,7 +158,7 @@ struct PathHealth {
 pub(crate) struct Health {
     pause: Duration,
     paths: HashMap<(usize, Arc<str>), PathHealth>,
-    nic_streak: Vec<u32>,
+    nic_streak: Vec<Streak>,
     nic_paused_until: Vec<Option<Instant>>,
 }
 
@@ -158,7 +167,7 @@ impl Health {
         Self {
             pause,
             paths: HashMap::new(),
-            nic_streak: vec![0; nics],
+            nic_streak: vec![Streak::default(); nics],
             nic_paused_until: vec![None; nics],
         }
     }
@@ -182,9 +191,13 @@ impl Health {
         let Some(streak) = self.nic_streak.get_mut(nic) else {
             return false;
         };
-        *streak += 1;
-        if *streak >= NIC_FAILURES_TO_PAUSE {
-            *streak = 0;
+        streak.failures += 1;
+        let server = path.rsplit_once('@').map_or(&**path, |(server, _)| server);
+        if !streak.peers.iter().any(|p| p == server) && streak.peers.len() < NIC_FAILING_PEERS {
+            streak.peers.push(server.to_owned());
+        }
+        if streak.failures >= NIC_FAILURES_TO_PAUSE && streak.peers.len() >= NIC_FAILING_PEERS {
+            *streak = Streak::default();
             if let Some(until) = self.nic_paused_until.get_mut(nic) {
                 let newly = until.is_none_or(|u| u <= now);
                 *until = Some(now + pause);
@@ -197,7 +210,7 @@ impl Health {
     /// Records a success: the NIC's failure streak ends.
     pub fn succeeded(&mut self, nic: usize) {
         if let Some(streak) = self.nic_streak.get_mut(nic) {
-            *streak = 0;
+            *streak = Streak::default();
         }
     }
 
@@ -317,6 +330,19 @@ mod tests {
         health.failed(0, &other, Blame::Soft, now + Duration::from_millis(5));
         assert!(health.path_paused(0, &other, now + Duration::from_millis(6)));
         assert!(health.anything_paused(now));
+    }
+
+    #[test]
+    fn one_dead_peer_does_not_pause_a_nic() {
+        let mut health = Health::new(1, Duration::from_secs(30));
+        let now = Instant::now();
+        for nic in ["rxe0", "rxe1"] {
+            let path: Arc<str> = Arc::from(format!("10.0.0.2:15000@{nic}"));
+            for _ in 0..100 {
+                assert!(!health.failed(0, &path, Blame::Hard, now));
+            }
+        }
+        assert!(!health.nic_paused(0, now));
     }
 
     #[test]

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use tern_engine::{PeerSegment, Slice, TransferError, TransportContext};
 use tern_memreg::nic::NicKeys;
+use tern_metadata::PriorityMatrix;
 use tern_metadata::rpc::RpcType;
-use tern_metadata::{BufferDesc, PriorityMatrix};
 use tern_verbs::{Gid, PathConfig, QpCaps};
 
 use crate::config::RdmaConfig;
@@ -47,21 +47,58 @@ pub(crate) struct Route {
     pub rkey: u32,
 }
 
-/// A peer as routing sees it: its NIC paths and, per location, its ranked NICs.
+/// A peer as routing sees it: its NIC paths and, per location of its buffers, its ranked
+/// NICs. Built once per descriptor the engine hands over.
 #[derive(Debug)]
-struct PeerView {
+pub(crate) struct PeerView {
     segment: Arc<PeerSegment>,
     names: Vec<String>,
     paths: Vec<Arc<str>>,
     ranked: HashMap<String, Ranked>,
 }
 
+impl PeerView {
+    fn new(segment: &Arc<PeerSegment>) -> Self {
+        let desc = &segment.desc;
+        let server = desc
+            .rdma_server_name
+            .clone()
+            .unwrap_or_else(|| segment.name.clone());
+        let names: Vec<String> = desc.devices.iter().map(|d| d.name.clone()).collect();
+        let matrix = desc.priority_matrix.clone().unwrap_or_default();
+        let mut ranked = HashMap::new();
+        for buffer in &desc.buffers {
+            ranked
+                .entry(buffer.name.clone())
+                .or_insert_with(|| ranked_in(&matrix, &buffer.name, &names));
+        }
+        Self {
+            segment: segment.clone(),
+            paths: names
+                .iter()
+                .map(|n| Arc::from(format!("{server}@{n}")))
+                .collect(),
+            names,
+            ranked,
+        }
+    }
+}
+
+/// The NICs of `names` for `location`, as the matrix ranks them.
+fn ranked_in(matrix: &PriorityMatrix, location: &str, names: &[String]) -> Ranked {
+    let found = candidates(matrix, location, names);
+    Ranked {
+        preferred: indices(&found.preferred, names),
+        available: indices(&found.available, names),
+    }
+}
+
 /// What routing looked up for one submit call, reused across its slices.
 #[derive(Debug, Default)]
 pub(crate) struct RouteCache {
     keys: Option<(usize, Arc<NicKeys>)>,
-    local: HashMap<String, Ranked>,
-    peer: Option<PeerView>,
+    local: Option<(String, Arc<Ranked>)>,
+    peer: Option<Arc<PeerView>>,
 }
 
 #[derive(Debug)]
@@ -80,6 +117,10 @@ pub(crate) struct Shared {
     pub template: PathConfig,
     pub caps: QpCaps,
     pub cq_entries: usize,
+    /// Routing views of peers, by segment, rebuilt when the engine swaps a descriptor.
+    pub peer_views: Mutex<HashMap<tern_engine::SegmentId, Arc<PeerView>>>,
+    /// Local NICs ranked per location.
+    pub local_ranked: Mutex<HashMap<String, Arc<Ranked>>>,
 }
 
 /// Which of a NIC's workers owns the endpoints of a peer NIC path.
@@ -214,19 +255,41 @@ impl Shared {
                 });
             }
         };
-        let local_ranked = cache
-            .local
-            .entry(region.location.clone())
-            .or_insert_with(|| self.local_ranked(&region.location))
-            .clone();
-        let peer = peer_view(&slice.peer, cache, buffer);
+        let local_ranked = match &cache.local {
+            Some((location, ranked)) if *location == region.location => ranked.clone(),
+            _ => {
+                let ranked = lock(&self.local_ranked)
+                    .entry(region.location.clone())
+                    .or_insert_with(|| {
+                        Arc::new(ranked_in(&self.matrix, &region.location, &self.names))
+                    })
+                    .clone();
+                cache.local = Some((region.location.clone(), ranked.clone()));
+                ranked
+            }
+        };
+        let peer = match &cache.peer {
+            Some(view) if Arc::ptr_eq(&view.segment, &slice.peer) => view.clone(),
+            _ => {
+                let view = self.peer_view(&slice.peer);
+                cache.peer = Some(view.clone());
+                view
+            }
+        };
         let unreachable = |why: String| TransferError::Connection {
             peer: slice.peer.name.clone(),
             message: why,
         };
         let local_names: Vec<&str> = self.names.iter().map(String::as_str).collect();
         let peer_names: Vec<&str> = peer.names.iter().map(String::as_str).collect();
-        let peer_ranked = peer.ranked.get(&buffer.name).cloned().unwrap_or_default();
+        let computed;
+        let peer_ranked = match peer.ranked.get(&buffer.name) {
+            Some(ranked) => ranked,
+            None => {
+                computed = ranked_in(&PriorityMatrix::new(), &buffer.name, &peer.names);
+                &computed
+            }
+        };
         let now = Instant::now();
         let health = self
             .maybe_paused
@@ -256,7 +319,7 @@ impl Shared {
                 names: &local_names,
             },
             &Side {
-                ranked: &peer_ranked,
+                ranked: peer_ranked,
                 names: &peer_names,
             },
             stripe,
@@ -294,11 +357,20 @@ impl Shared {
         })
     }
 
-    fn local_ranked(&self, location: &str) -> Ranked {
-        let found = candidates(&self.matrix, location, &self.names);
-        Ranked {
-            preferred: indices(&found.preferred, &self.names),
-            available: indices(&found.available, &self.names),
+    /// The routing view of a peer's current descriptor.
+    fn peer_view(&self, segment: &Arc<PeerSegment>) -> Arc<PeerView> {
+        let mut views = lock(&self.peer_views);
+        match views.get(&segment.id) {
+            Some(view) if Arc::ptr_eq(&view.segment, segment) => view.clone(),
+            _ => {
+                if views.len() >= 1024 {
+                    // Views of segments the engine no longer holds (closed, replaced).
+                    views.retain(|_, v| Arc::strong_count(&v.segment) > 1);
+                }
+                let view = Arc::new(PeerView::new(segment));
+                views.insert(segment.id, view.clone());
+                view
+            }
         }
     }
 
@@ -589,52 +661,4 @@ fn indices(names: &[String], all: &[String]) -> Vec<usize> {
         .iter()
         .filter_map(|n| all.iter().position(|a| a == n))
         .collect()
-}
-
-/// The routing view of `segment`, rebuilt when the engine swapped its descriptor, with the
-/// ranking of its NICs for `buffer`'s location.
-fn peer_view<'a>(
-    segment: &Arc<PeerSegment>,
-    cache: &'a mut RouteCache,
-    buffer: &BufferDesc,
-) -> &'a PeerView {
-    if cache
-        .peer
-        .as_ref()
-        .is_some_and(|view| !Arc::ptr_eq(&view.segment, segment))
-    {
-        cache.peer = None;
-    }
-    let view = cache.peer.get_or_insert_with(|| {
-        let server = segment
-            .desc
-            .rdma_server_name
-            .clone()
-            .unwrap_or_else(|| segment.name.clone());
-        let names: Vec<String> = segment
-            .desc
-            .devices
-            .iter()
-            .map(|d| d.name.clone())
-            .collect();
-        PeerView {
-            segment: segment.clone(),
-            paths: names
-                .iter()
-                .map(|n| Arc::from(format!("{server}@{n}")))
-                .collect(),
-            names,
-            ranked: HashMap::new(),
-        }
-    });
-    if !view.ranked.contains_key(&buffer.name) {
-        let matrix = segment.desc.priority_matrix.clone().unwrap_or_default();
-        let found = candidates(&matrix, &buffer.name, &view.names);
-        let ranked = Ranked {
-            preferred: indices(&found.preferred, &view.names),
-            available: indices(&found.available, &view.names),
-        };
-        view.ranked.insert(buffer.name.clone(), ranked);
-    }
-    view
 }

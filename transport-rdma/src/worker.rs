@@ -186,10 +186,18 @@ const SIGNAL_EVERY: usize = 32;
 /// How long a retired endpoint may wait for its flushed requests before the worker gives up
 /// on them (Mooncake: 30 s).
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+/// How long a path whose handshake failed is not tried again by this worker (Mooncake
+/// fast-fails such targets for 100 ms; a second, so that a dead peer's tasks fail in a few
+/// quick rounds rather than in a storm of handshakes).
+const CONNECT_COOLDOWN: Duration = Duration::from_secs(1);
 /// How long an endpoint may wait for its peer's ready ACK while work waits for it.
 const READY_ACK_LIMIT: Duration = Duration::from_secs(10);
-/// Longest sleep: housekeeping (drain and ready-ACK limits) runs at least this often.
+/// Housekeeping (drain and ready-ACK limits) runs at least this often while something is
+/// in flight or waiting.
 const TICK: Duration = Duration::from_millis(100);
+/// Sleep of a worker with nothing in flight and nothing waiting: only new work (the
+/// doorbell) or a completion wakes it sooner, so an idle engine costs next to no CPU.
+const IDLE_SLEEP: Duration = Duration::from_secs(5);
 
 pub(crate) struct Worker {
     shared: Arc<Shared>,
@@ -211,6 +219,9 @@ pub(crate) struct Worker {
     max_wr: usize,
     completions: Vec<Completion>,
     chains: Vec<Chain>,
+    /// Paths whose handshake failed lately, and why: work for them fails over at once
+    /// instead of starting another handshake to a peer that just refused or is gone.
+    refused: HashMap<Arc<str>, (Instant, String)>,
 }
 
 impl Worker {
@@ -233,6 +244,7 @@ impl Worker {
             max_wr,
             completions: vec![Completion::EMPTY; POLL_BATCH],
             chains: Vec::new(),
+            refused: HashMap::new(),
         }
     }
 
@@ -289,6 +301,8 @@ impl Worker {
                     Err(reason) => {
                         tracing::warn!("RDMA connection to {} failed: {reason}", ep.key);
                         self.shared.blame(self.nic, &ep.key, Blame::Hard);
+                        self.refused
+                            .insert(ep.key.clone(), (Instant::now(), reason.clone()));
                         self.retire(slot, Some(reason));
                     }
                 }
@@ -332,6 +346,12 @@ impl Worker {
         }
         let slot = match self.by_key.get(&job.key) {
             Some(&slot) => slot,
+            None if let Some((at, reason)) = self.refused.get(&job.key)
+                && at.elapsed() < CONNECT_COOLDOWN =>
+            {
+                let reason = reason.clone();
+                return self.reroute(job, Some(reason));
+            }
             None => match self.open(&job) {
                 Ok(slot) => slot,
                 Err(reason) => {
@@ -517,7 +537,8 @@ impl Worker {
             return;
         };
         let track = &mut slot.qps[q];
-        let mut succeeded = Vec::new();
+        let nic = self.shared.nic(self.nic);
+        let mut succeeded = 0usize;
         let mut failed = None;
         while let Some(front) = track.inflight.front() {
             if front.seq > completion.wr_id {
@@ -527,22 +548,17 @@ impl Worker {
                 break;
             };
             self.outstanding -= 1;
-            if entry.seq < completion.wr_id {
-                succeeded.push(entry.job);
-            } else {
-                match completion.status {
-                    Ok(()) => succeeded.push(entry.job),
-                    Err(error) => failed = Some((entry.job, error)),
+            match completion.status {
+                Err(error) if entry.seq == completion.wr_id => failed = Some((entry.job, error)),
+                // RC completes in order: everything before the reported request succeeded.
+                _ => {
+                    nic.counted(entry.job.slice.len);
+                    entry.job.slice.complete();
+                    succeeded += 1;
                 }
             }
         }
-        let nic = &self.shared.nic(self.nic);
-        let any_success = !succeeded.is_empty();
-        for job in succeeded {
-            nic.counted(job.slice.len);
-            job.slice.complete();
-        }
-        if any_success {
+        if succeeded > 0 {
             self.shared.succeeded(self.nic);
         }
         if let Some((job, error)) = failed {
@@ -649,6 +665,8 @@ impl Worker {
     }
 
     fn housekeeping(&mut self, now: Instant) {
+        self.refused
+            .retain(|_, (at, _)| now.duration_since(*at) < CONNECT_COOLDOWN);
         for index in 0..self.slots.len() {
             let Some(slot) = self.slots[index].as_mut() else {
                 continue;
@@ -696,11 +714,15 @@ impl Worker {
             self.inbox.sleeping.store(false, Ordering::SeqCst);
             return;
         }
+        let busy = self.outstanding > 0
+            || !self.waiting.is_empty()
+            || self.slots.iter().flatten().any(|s| s.retired_at.is_some());
+        let nap = if busy { TICK } else { IDLE_SLEEP };
         let mut completions = std::mem::take(&mut self.completions);
         let waited = self
             .inbox
             .cq
-            .wait_or(&mut completions, Some(self.inbox.bell.as_fd()), TICK);
+            .wait_or(&mut completions, Some(self.inbox.bell.as_fd()), nap);
         self.inbox.sleeping.store(false, Ordering::SeqCst);
         let mut drain = [0u8; 64];
         while matches!((&self.inbox.bell).read(&mut drain), Ok(n) if n > 0) {}

@@ -600,3 +600,33 @@ fn a_remote_access_error_fails_the_task_and_the_path_recovers() {
         .unwrap();
     assert!(holds(&kept, 0, 9, 4096));
 }
+
+/// `MC_GID_INDEX` and `MC_IB_PORT` are honoured: the published GID is the one at the index
+/// asked for, and a port the device lacks is an error naming it.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn the_gid_index_and_port_asked_for_are_used() {
+    support::setup(
+        "the_gid_index_and_port_asked_for_are_used",
+        Duration::from_secs(300),
+    );
+    let table = |index: u32| {
+        let path = format!("/sys/class/infiniband/{}/ports/1/gids/{index}", device());
+        Gid::parse(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    for index in [0u32, 1] {
+        let engine = builder(rdma_with(|c| c.gid_index = Some(index)))
+            .build()
+            .unwrap();
+        let published = engine.local_descriptor().devices[0].gid.clone();
+        assert_eq!(Gid::parse(&published), Some(table(index)), "index {index}");
+    }
+    let error = tern_transport_rdma::RdmaTransport::discover(tern_transport_rdma::RdmaConfig {
+        devices: vec![device()],
+        ib_port: 2,
+        ..tern_transport_rdma::RdmaConfig::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("port 2"), "{error}");
+}

@@ -1,17 +1,15 @@
 //! Nodes that find each other through a real etcd server: Mooncake's key layout, leases that
 //! outlive nothing, watches that keep caches fresh, and failures of etcd itself.
 
-#[path = "../../metadata/tests/support/etcd.rs"]
-mod etcd;
-
 use std::time::{Duration, Instant};
 
-use etcd::{Etcd, eventually, get, unique};
 use tern_engine::{
     EngineError, SegmentDesc, StoreOptions, TransferEngine, TransferError, TransferRequest,
     TransferStatus,
 };
 use tern_metadata::{MetadataError, RpcMeta};
+use tern_testkit::etcd;
+use tern_testkit::etcd::{Etcd, eventually, get, unique};
 use tern_transport_tcp::TcpTransport;
 
 const GOLDEN_TCP: &str = include_str!("../../metadata/tests/golden/mooncake-tcp-segment.json");

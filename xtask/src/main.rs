@@ -13,10 +13,12 @@
 mod softroce;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Command, ExitCode, Stdio};
+
 use std::time::{Duration, Instant};
+use tern_testkit::etcd::Etcd;
 
 /// A system package and what it is for.
 struct Package {
@@ -130,7 +132,7 @@ fn main() -> ExitCode {
         Some("softroce") => softroce_command(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked"
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick] [--rdma-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked"
             );
             return ExitCode::from(2);
         }
@@ -236,7 +238,7 @@ fn test(extra: &[String]) -> Result<(), String> {
     doc.args(["doc", "--workspace", "--no-deps"])
         .env("RUSTDOCFLAGS", "-D warnings");
     run(doc, "cargo doc")?;
-    let etcd = Etcd::start(None)?;
+    let etcd = start_etcd(None)?;
     eprintln!("xtask: etcd for the tests at {}", etcd.endpoint);
     let mut tests = cargo();
     tests
@@ -250,18 +252,16 @@ fn test(extra: &[String]) -> Result<(), String> {
     // tests marked "needs Soft-RoCE" are included.
     deps(&[Group::Guest])?;
     softroce_command(&[])?;
-    // Cross-machine traffic over two NICs needs two guests.
-    let two_node = test_executables(&[
-        "-p".into(),
-        "tern-verbs".into(),
-        "--test".into(),
-        "two_node".into(),
-    ])?;
-    let exe = two_node
-        .first()
-        .ok_or("the two_node test binary was not built")?;
+    // Cross-machine traffic over two NICs needs two guests: the verbs test, then every RDMA
+    // transport test, both nodes running the same binaries in the same order.
+    let verbs = test_executables(&["-p", "tern-verbs", "--test", "two_node"].map(str::to_owned))?;
+    let rdma =
+        test_executables(&["-p", "tern-transport-rdma", "--test", "two_node"].map(str::to_owned))?;
+    let (Some(verbs), Some(rdma)) = (verbs.first(), rdma.first()) else {
+        return Err("the two_node test binaries were not built".into());
+    };
     let command = format!(
-        "'{exe}' --include-ignored --exact rc_traffic_crosses_both_links_between_two_nodes --test-threads=1"
+        "'{verbs}' --include-ignored --exact rc_traffic_crosses_both_links_between_two_nodes --test-threads=1 && '{rdma}' --include-ignored --test-threads=1"
     );
     softroce_command(&["--two-nodes".into(), command.clone(), command])?;
     eprintln!(
@@ -305,90 +305,15 @@ fn tcp_baseline(seconds: f64) -> Result<f64, String> {
     Ok(received.min(sent) as f64 / secs / 1e9)
 }
 
-/// Debian's etcd on loopback with a temporary data directory; killed and removed on drop.
-struct Etcd {
-    child: Child,
-    dir: PathBuf,
-    endpoint: String,
-}
-
-fn free_port() -> Result<u16, String> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| format!("no free port: {e}"))
-}
-
-impl Etcd {
-    fn start(client_port: Option<u16>) -> Result<Self, String> {
-        let client_port = match client_port {
-            Some(port) => port,
-            None => free_port()?,
-        };
-        let peer_port = free_port()?;
-        let dir = root().join(format!("target/etcd-{}-{client_port}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let client = format!("http://127.0.0.1:{client_port}");
-        let peer = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(root().join(format!("target/etcd-{client_port}.log")))
-            .map_err(|e| format!("etcd log: {e}"))?;
-        let child = Command::new("etcd")
-            .args(["--name", "tern", "--data-dir"])
-            .arg(&dir)
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("tern={peer}")])
-            .args(["--heartbeat-interval=10", "--election-timeout=100"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("cannot start etcd ({e}); run `cargo xtask deps`"))?;
-        let etcd = Self {
-            child,
-            dir,
-            endpoint: format!("127.0.0.1:{client_port}"),
-        };
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(30) {
-            if etcd_healthy(&etcd.endpoint) {
-                return Ok(etcd);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err(format!("etcd at {} did not become healthy", etcd.endpoint))
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn etcd_healthy(endpoint: &str) -> bool {
-    let Ok(mut stream) = TcpStream::connect(endpoint) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let request = format!("GET /health HTTP/1.1\r\nHost: {endpoint}\r\nConnection: close\r\n\r\n");
-    if stream.write_all(request.as_bytes()).is_err() {
-        return false;
-    }
-    let mut reply = String::new();
-    let _ = stream.read_to_string(&mut reply);
-    reply.contains("\"health\":\"true\"")
+/// Debian's etcd on loopback, its data and log under `target/`; killed on drop.
+fn start_etcd(client_port: Option<u16>) -> Result<Etcd, String> {
+    let tag = client_port.map_or_else(|| "any".to_owned(), |p| p.to_string());
+    Etcd::launch(
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        client_port,
+        root().join(format!("target/etcd-{}-{tag}", std::process::id())),
+        Some(root().join(format!("target/etcd-{tag}.log"))),
+    )
 }
 
 fn etcd_for_people(args: &[String]) -> Result<(), String> {
@@ -402,13 +327,141 @@ fn etcd_for_people(args: &[String]) -> Result<(), String> {
         })
         .transpose()?
         .unwrap_or(2379);
-    let mut etcd = Etcd::start(Some(port))?;
+    let mut etcd = start_etcd(Some(port))?;
     println!(
         "etcd is up at {0}; use --metadata_server=etcd://{0}; Ctrl-C stops it",
         etcd.endpoint
     );
-    let _ = etcd.child.wait();
+    etcd.wait();
     Ok(())
+}
+
+/// One guest boot: Tern over RDMA (loopback on rxe0, one initiator thread) beside perftest at
+/// the same sizes, 4 KiB batch-1 latency beside `ib_write_lat` (and `ib_read_lat`), and the
+/// CPU an idle target and initiator use with their endpoints open. Prints the ratios;
+/// reported, never fatal.
+fn rdma_in_guest(exe: &Path, duration: f64) {
+    if deps(&[Group::Guest]).is_err() {
+        eprintln!("xtask: no Soft-RoCE guest here; RDMA not measured");
+        return;
+    }
+    let secs = duration.max(2.0);
+    let script = format!(
+        r#"B='{exe}'
+tern() {{ echo "TERN $1 $2 $3 $($B --mode=loopback --protocol=rdma --device_name=rxe0 --operation=$1 --block_size=$2 --batch_size=$3 --threads=1 --duration={secs} --buffer_size=268435456 --json $4 2>/dev/null | tail -1)"; }}
+perf() {{ $1 -d rxe0 -s $2 -D {secs} -F >/dev/null 2>&1 & sleep 2; echo "PERF $1 $2 $($1 -d rxe0 -s $2 -D {secs} -F 10.77.0.1 2>&1 | awk -v s=$2 '$1 == s {{print $4}}')"; wait; }}
+lat() {{ $1 -d rxe0 -s 4096 -n 3000 -F >/dev/null 2>&1 & sleep 2; echo "LAT $1 $($1 -d rxe0 -s 4096 -n 3000 -F 10.77.0.1 2>&1 | awk '$1 == 4096 {{print $5}}')"; wait; }}
+for size in 65536 1048576; do
+  tern write $size 128; perf ib_write_bw $size
+  tern read $size 128; perf ib_read_bw $size
+done
+tern write 4096 1; lat ib_write_lat; lat ib_read_lat
+tern read 4096 1
+tern write 65536 1 --idle_seconds=10
+"#,
+        exe = exe.display()
+    );
+    println!(
+        "
+RDMA on Soft-RoCE (rxe0 in the guest, loopback, one initiator thread; perftest in the same boot):
+"
+    );
+    let outcome = softroce::run(
+        &root(),
+        &softroce::GuestRun {
+            command: &script,
+            forward_env: guest_env(),
+            timeout: Duration::from_secs(1800),
+            capture: true,
+        },
+    );
+    let output = match outcome {
+        Ok((0, output)) => output,
+        other => {
+            eprintln!("xtask: the RDMA benchmark in the guest failed: {other:?}");
+            return;
+        }
+    };
+    let mut tern: Vec<(String, usize, usize, String)> = Vec::new();
+    let mut perf: Vec<(String, usize, f64)> = Vec::new();
+    let mut lat: Vec<(String, f64)> = Vec::new();
+    for line in output.lines() {
+        let fields: Vec<&str> = line.splitn(5, ' ').collect();
+        match fields.as_slice() {
+            ["TERN", op, size, batch, json] => {
+                if let (Ok(size), Ok(batch)) = (size.parse(), batch.parse()) {
+                    tern.push((op.to_string(), size, batch, json.to_string()));
+                }
+            }
+            ["PERF", tool, size, mibps] => {
+                if let (Ok(size), Ok(mibps)) = (size.parse(), mibps.trim().parse::<f64>()) {
+                    // perftest's MB is 2^20 bytes.
+                    perf.push((tool.to_string(), size, mibps * 1_048_576.0 / 1e6));
+                }
+            }
+            ["LAT", tool, usec] => {
+                if let Ok(usec) = usec.trim().parse() {
+                    lat.push((tool.to_string(), usec));
+                }
+            }
+            _ => {}
+        }
+    }
+    let tern_of = |op: &str, size: usize, batch: usize| {
+        tern.iter()
+            .find(|t| t.0 == op && t.1 == size && t.2 == batch)
+            .map(|t| t.3.clone())
+    };
+    println!("| operation | block | tern MB/s | perftest MB/s | ratio | goal |");
+    println!("|---|---|---|---|---|---|");
+    for size in [65536usize, 1 << 20] {
+        for (op, tool) in [("write", "ib_write_bw"), ("read", "ib_read_bw")] {
+            let ours = tern_of(op, size, 128).and_then(|j| json_number(&j, "gbps"));
+            let theirs = perf
+                .iter()
+                .find(|p| p.0 == tool && p.1 == size)
+                .map(|p| p.2);
+            match (ours, theirs) {
+                (Some(ours), Some(theirs)) => {
+                    let ratio = ours * 1e3 / theirs;
+                    println!(
+                        "| {op} | {} KiB | {:.1} | {theirs:.1} ({tool}) | {ratio:.2} | >= 0.9 {} |",
+                        size / 1024,
+                        ours * 1e3,
+                        if ratio >= 0.9 { "met" } else { "MISSED" }
+                    );
+                }
+                _ => println!("| {op} | {} KiB | missing | missing | | |", size / 1024),
+            }
+        }
+    }
+    let write_lat = tern_of("write", 4096, 1).and_then(|j| json_number(&j, "p50_latency_us"));
+    let read_lat = tern_of("read", 4096, 1).and_then(|j| json_number(&j, "p50_latency_us"));
+    let perf_lat = |tool: &str| lat.iter().find(|l| l.0 == tool).map(|l| l.1);
+    if let (Some(ours), Some(half_rtt)) = (write_lat, perf_lat("ib_write_lat")) {
+        let ratio = ours / half_rtt;
+        println!(
+            "
+4 KiB, batch 1, p50: Tern write {ours:.1} us vs ib_write_lat t_typical {half_rtt:.1} us: ratio {ratio:.2} (goal <= 1.5 {})",
+            if ratio <= 1.5 { "met" } else { "MISSED" }
+        );
+        println!(
+            "  ib_write_lat reports half a ping-pong round trip; a Tern write completes after the peer's ACK, a full round trip."
+        );
+    }
+    if let (Some(ours), Some(rtt)) = (read_lat, perf_lat("ib_read_lat")) {
+        println!(
+            "4 KiB, batch 1, p50: Tern read {ours:.1} us vs ib_read_lat t_typical (a full round trip) {rtt:.1} us: ratio {:.2}",
+            ours / rtt
+        );
+    }
+    if let Some(json) = tern_of("write", 65536, 1) {
+        println!(
+            "idle for 10 s with endpoints open: initiator {:.2}% of a core, target {:.2}% (goal < 1%)",
+            json_number(&json, "idle_cpu_initiator_pct").unwrap_or(f64::NAN),
+            json_number(&json, "idle_cpu_target_pct").unwrap_or(f64::NAN)
+        );
+    }
 }
 
 /// Registration cost per MiB on Soft-RoCE, measured in the guest; reported, never fatal.
@@ -438,9 +491,10 @@ fn registration_cost_in_guest() {
             command: &command,
             forward_env: Vec::new(),
             timeout: Duration::from_secs(900),
+            capture: false,
         },
     );
-    if !matches!(outcome, Ok(0)) {
+    if !matches!(outcome, Ok((0, _))) {
         eprintln!("xtask: registration cost run failed: {outcome:?}");
     }
 }
@@ -479,6 +533,37 @@ fn guest_env() -> Vec<String> {
         .collect()
 }
 
+/// The test binaries that need one Soft-RoCE guest (their RDMA tests are ignored on hosts).
+const GUEST_SUITES: [&[&str]; 2] = [
+    &[
+        "-p",
+        "tern-verbs",
+        "-p",
+        "tern-memreg",
+        "--features",
+        "tern-memreg/verbs",
+        "-p",
+        "tern-transport-rdma",
+    ],
+    &["-p", "tern-bench", "--test", "rdma"],
+];
+
+/// A guest script that runs every test binary with its ignored tests, one test at a time,
+/// and fails if any failed.
+fn tests_script(executables: &[String]) -> Result<String, String> {
+    if executables.is_empty() {
+        return Err("no test binaries matched".into());
+    }
+    let mut script = String::from("status=0\n");
+    for exe in executables {
+        script.push_str(&format!(
+            "echo \"== {exe}\"; '{exe}' --test-threads=1 --include-ignored || status=1\n"
+        ));
+    }
+    script.push_str("exit $status\n");
+    Ok(script)
+}
+
 fn softroce_command(args: &[String]) -> Result<(), String> {
     deps(&[Group::Build, Group::Guest])?;
     // Everything in the guest runs 10–50x slower than on the host; this bounds a hang.
@@ -489,20 +574,7 @@ fn softroce_command(args: &[String]) -> Result<(), String> {
             .unwrap_or(900),
     );
     let command = match args.first().map(String::as_str) {
-        Some("--test") => {
-            let executables = test_executables(&args[1..])?;
-            if executables.is_empty() {
-                return Err("no test binaries matched".into());
-            }
-            let mut script = String::from("status=0\n");
-            for exe in &executables {
-                script.push_str(&format!(
-                    "echo \"== {exe}\"; '{exe}' --test-threads=1 --include-ignored || status=1\n"
-                ));
-            }
-            script.push_str("exit $status\n");
-            script
-        }
+        Some("--test") => tests_script(&test_executables(&args[1..])?)?,
         Some("--two-nodes") => {
             let (a, b) = match (args.get(1), args.get(2)) {
                 (Some(a), Some(b)) => (a.clone(), b.clone()),
@@ -522,25 +594,22 @@ fn softroce_command(args: &[String]) -> Result<(), String> {
         Some("--") => args[1..].join(" "),
         Some(other) => return Err(format!("unknown softroce argument {other:?}")),
         None => {
-            // No command: the RDMA suites, as `cargo xtask test` runs them.
-            let suites = [
-                "--test",
-                "-p",
-                "tern-verbs",
-                "-p",
-                "tern-memreg",
-                "--features",
-                "tern-memreg/verbs",
-            ];
-            return softroce_command(&suites.map(str::to_owned));
+            // No command: the RDMA suites, as `cargo xtask test` runs them, in one boot.
+            let mut executables = Vec::new();
+            for suite in GUEST_SUITES {
+                let args: Vec<String> = suite.iter().map(|a| a.to_string()).collect();
+                executables.extend(test_executables(&args)?);
+            }
+            tests_script(&executables)?
         }
     };
-    let status = softroce::run(
+    let (status, _) = softroce::run(
         &root(),
         &softroce::GuestRun {
             command: &command,
             forward_env: guest_env(),
             timeout,
+            capture: false,
         },
     )?;
     if status == 0 {
@@ -571,6 +640,10 @@ fn bench(args: &[String]) -> Result<(), String> {
     build.args(["build", "--release", "-p", "tern-bench"]);
     run(build, "cargo build --release -p tern-bench")?;
     let exe = root().join("target/release/tern-bench");
+    if args.iter().any(|a| a == "--rdma-only") {
+        rdma_in_guest(&exe, duration);
+        return Ok(());
+    }
 
     let before = tcp_baseline(duration.min(3.0))?;
     let mut rows = Vec::new();
@@ -623,7 +696,7 @@ fn bench(args: &[String]) -> Result<(), String> {
             if ratio >= goal { "met" } else { "MISSED" }
         );
     }
-    match Etcd::start(None) {
+    match start_etcd(None) {
         Ok(etcd) => {
             let output = Command::new(&exe)
                 .args([
@@ -652,6 +725,8 @@ fn bench(args: &[String]) -> Result<(), String> {
     let lines: Vec<String> = rows.iter().map(|r| r.4.clone()).collect();
     let _ = std::fs::write(&report, lines.join("\n") + "\n");
     println!("\nraw results: {}", report.display());
+
+    rdma_in_guest(&exe, duration);
 
     let mut pretouch = cargo();
     pretouch.args(["bench", "-p", "tern-bench", "--bench", "pretouch"]);

@@ -124,6 +124,8 @@ pub struct GuestRun<'a> {
     pub forward_env: Vec<String>,
     /// Bound on the whole run.
     pub timeout: Duration,
+    /// Keep the command's output (it still streams, to stderr) and return it.
+    pub capture: bool,
 }
 
 fn cache_dir(root: &Path) -> PathBuf {
@@ -514,25 +516,44 @@ fn outcome(
 }
 
 /// Boots the guest, runs the command, returns its exit status (124 on timeout, 125 when the
-/// guest failed before the command could report).
-pub fn run(root: &Path, job: &GuestRun<'_>) -> Result<i32, String> {
+/// guest failed before the command could report) and, with `capture`, its output.
+pub fn run(root: &Path, job: &GuestRun<'_>) -> Result<(i32, String), String> {
     let started = Instant::now();
     let (vmlinux, initrd) = prepare(&cache_dir(root))?;
     let dir = run_dir()?;
     std::fs::write(dir.join("cmd.sh"), script(job.command, &job.forward_env)?)
         .map_err(|e| e.to_string())?;
-    let child = qemu(&vmlinux, &initrd, &dir, "", "2G", "2")
+    let mut qemu = qemu(&vmlinux, &initrd, &dir, "", "2G", "2");
+    if job.capture {
+        qemu.stdout(Stdio::piped());
+    }
+    let mut child = qemu
         .spawn()
         .map_err(|e| format!("qemu-system-x86_64: {e}"))?;
+    let relay = child.stdout.take().map(|out| {
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut kept = String::new();
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                kept.push_str(&line);
+                kept.push('\n');
+            }
+            kept
+        })
+    });
     let mut children = [child];
     let statuses = wait_all(&mut children, started + job.timeout);
+    let output = relay
+        .and_then(|relay| relay.join().ok())
+        .unwrap_or_default();
     let code = outcome(&dir, "", statuses[0], job.timeout);
     eprintln!(
         "xtask softroce: guest run took {:.1} s",
         started.elapsed().as_secs_f64()
     );
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(code)
+    Ok((code, output))
 }
 
 fn free_port() -> Result<u16, String> {
