@@ -29,19 +29,24 @@
 #![forbid(unsafe_code)]
 
 mod batch;
+mod builder;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod engine;
 mod error;
+mod memory;
+mod rpc;
+mod segments;
 pub mod slicing;
+mod submit;
 mod transport;
 mod types;
 
 pub use batch::Batch;
-pub use engine::{
-    OwnedBuffer, TRANSFER_TIMEOUT_ENV, TransferEngine, TransferEngineBuilder, WAIT_SPIN_ENV,
-};
+pub use builder::{TRANSFER_TIMEOUT_ENV, TransferEngineBuilder, WAIT_SPIN_ENV};
+pub use engine::TransferEngine;
 pub use error::{EngineError, TransferError};
+pub use memory::OwnedBuffer;
 pub use tern_memreg::{PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw};
 pub use tern_metadata::net::PortChoice;
 pub use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc, StoreOptions};

@@ -309,11 +309,11 @@ impl QueuePair {
     /// says how many requests at the head of the chain were posted (and will complete).
     ///
     /// This is safe because of how RDMA protects memory: the device reaches local memory
-    /// only through the lkey of a live [`MemoryRegion`] of the QP's protection domain (and
+    /// only through the lkey of a live [`MemoryRegion`](crate::MemoryRegion) of the QP's protection domain (and
     /// remote memory only through a peer's rkey), checking the address range against that
     /// region; a wrong key or range ends the request with an error completion, never an
     /// access elsewhere. A region's memory stays valid for as long as the region lives
-    /// (the contract of [`MemoryRegion::register`]), and the kernel keeps an in-use region's
+    /// (the contract of [`MemoryRegion::register`](crate::MemoryRegion::register)), and the kernel keeps an in-use region's
     /// pages pinned until the device is done with them. No request here asks the library to
     /// read SGE memory on the CPU (no inline sends).
     pub fn post_send(&self, requests: &[SendRequest]) -> Result<(), VerbsError> {
