@@ -512,7 +512,14 @@ fn test_executables(args: &[String]) -> Result<Vec<String>, String> {
     }
     let mut executables = Vec::new();
     for line in String::from_utf8_lossy(&output.stdout).lines() {
-        if !line.contains("\"test\":true") {
+        // Test harnesses are built with the test profile; binaries built for the tests' use
+        // (`CARGO_BIN_EXE_*`) are not, though their target is marked testable.
+        let test_profile = line
+            .split("\"profile\":{")
+            .nth(1)
+            .and_then(|rest| rest.split('}').next())
+            .is_some_and(|profile| profile.contains("\"test\":true"));
+        if !test_profile {
             continue;
         }
         if let Some(rest) = line.split("\"executable\":\"").nth(1)
