@@ -630,3 +630,55 @@ fn the_gid_index_and_port_asked_for_are_used() {
     .to_string();
     assert!(error.contains("port 2"), "{error}");
 }
+
+/// A priority matrix given in the configuration (as `MC_CUSTOM_TOPO_JSON` or
+/// `--nic_priority_matrix` would give it) is the one published, restricted to the NICs in
+/// use; a malformed one is an error naming the problem.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn a_given_priority_matrix_is_published() {
+    support::setup(
+        "a_given_priority_matrix_is_published",
+        Duration::from_secs(300),
+    );
+    let json = format!(
+        r#"{{"cpu:0": [["{0}"], []], "cuda:3": [[], ["{0}", "mlx5_9"]]}}"#,
+        device()
+    );
+    let file = std::env::temp_dir().join(format!("tern-topo-{}.json", std::process::id()));
+    std::fs::write(&file, &json).unwrap();
+    for config in [
+        tern_transport_rdma::RdmaConfig {
+            priority_matrix: Some(json.clone()),
+            ..Default::default()
+        },
+        tern_transport_rdma::RdmaConfig {
+            topology_file: Some(file.clone()),
+            ..Default::default()
+        },
+    ] {
+        let engine = builder(rdma_with(|c| {
+            c.priority_matrix = config.priority_matrix.clone();
+            c.topology_file = config.topology_file.clone();
+        }))
+        .build()
+        .unwrap();
+        let matrix = engine.local_descriptor().priority_matrix.unwrap();
+        assert_eq!(matrix["cpu:0"], [vec![device()], vec![]]);
+        assert_eq!(
+            matrix["cuda:3"],
+            [vec![], vec![device()]],
+            "mlx5_9 is not here"
+        );
+    }
+    std::fs::write(&file, r#"{"cpu:0": [["rxe0"]]}"#).unwrap();
+    let error = tern_transport_rdma::RdmaTransport::discover(tern_transport_rdma::RdmaConfig {
+        devices: vec![device()],
+        topology_file: Some(file.clone()),
+        ..Default::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("cpu:0"), "{error}");
+    let _ = std::fs::remove_file(&file);
+}

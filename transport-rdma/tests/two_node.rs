@@ -552,6 +552,24 @@ fn failover_when_a_link_goes_down_mid_transfer() {
     ));
     assert_all_completed(&statuses, "reads with link 1 down");
     pattern.check(&back, CHUNKS).unwrap();
+    // The NIC whose port went down is out of the published descriptor (the monitor looks
+    // once a second) ...
+    let published = |engine: &tern_engine::TransferEngine| -> Vec<String> {
+        let desc = engine.local_descriptor();
+        desc.devices.iter().map(|d| d.name.clone()).collect()
+    };
+    assert_eq!(
+        published(&engine),
+        ["rxe0"],
+        "rxe1 is still published while down"
+    );
+    assert!(
+        engine.local_descriptor().buffers[0]
+            .rkey
+            .as_ref()
+            .is_some_and(|k| k.len() == 1),
+        "one rkey per published device"
+    );
     drop(link);
     // Leave the node as it was: rxe1's port comes back once tern1 is up.
     let up = Instant::now();
@@ -559,6 +577,16 @@ fn failover_when_a_link_goes_down_mid_transfer() {
         assert!(
             up.elapsed() < Duration::from_secs(60),
             "rxe1's port stays down after tern1 came back up"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // ... and back in it once the port is up again.
+    let up = Instant::now();
+    while published(&engine) != ["rxe0", "rxe1"] {
+        assert!(
+            up.elapsed() < Duration::from_secs(30),
+            "rxe1 was not published again: {:?}",
+            published(&engine)
         );
         std::thread::sleep(Duration::from_millis(100));
     }
