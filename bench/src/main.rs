@@ -16,7 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
-use tern_engine::{BatchState, OwnedBuffer, SegmentId, TransferEngine, TransferRequest};
+use tern_engine::{
+    BatchState, EngineStats, OwnedBuffer, SegmentId, TransferEngine, TransferRequest,
+    TransportStats,
+};
 use tern_transport_rdma::topology::parse_device_list;
 use tern_transport_rdma::{RdmaConfig, RdmaTransport};
 use tern_transport_tcp::{TcpConfig, TcpTransport};
@@ -51,6 +54,11 @@ struct Args {
     /// allows).
     #[arg(long, default_value = "tcp")]
     protocol: String,
+    /// A cluster secret: peers must prove they know it (HMAC challenge–response) before the
+    /// handshake RPC or a TCP data connection serves them. Default: `TERN_CLUSTER_SECRET`,
+    /// or the file `TERN_CLUSTER_SECRET_FILE` names; none means plain Mooncake.
+    #[arg(long = "cluster_secret")]
+    cluster_secret: Option<String>,
     /// RDMA devices to use, comma separated (e.g. `rxe0,rxe1`); default: `MC_TE_FILTERS`,
     /// else every device with an active port.
     #[arg(long = "device_name")]
@@ -162,6 +170,9 @@ fn run(args: &Args) -> Result<(), String> {
 
 fn engine(args: &Args, default_name: Option<&str>) -> Result<TransferEngine, String> {
     let mut builder = TransferEngine::builder().metadata(args.metadata_server.clone());
+    if let Some(secret) = &args.cluster_secret {
+        builder = builder.cluster_secret(secret);
+    }
     builder = match args.protocol.as_str() {
         "tcp" => {
             let defaults = TcpConfig::default();
@@ -271,6 +282,8 @@ struct Outcome {
     /// With `--idle_seconds`: percent of one core the initiator (and the target, when this
     /// process started it) used while idle with its endpoints open.
     idle_cpu: Option<(f64, Option<f64>)>,
+    /// The engine's statistics at the end.
+    stats: Option<EngineStats>,
 }
 
 /// User plus system CPU time of a process so far, from `/proc/<pid>/stat` (in clock ticks
@@ -351,6 +364,7 @@ fn run_initiator(args: &Args, segment: &str, target: Option<u32>) -> Result<Outc
             batches: 0,
             latencies_us: Vec::new(),
             idle_cpu: None,
+            stats: None,
         };
         let mut failure = None;
         for worker in workers {
@@ -372,6 +386,7 @@ fn run_initiator(args: &Args, segment: &str, target: Option<u32>) -> Result<Outc
     if let Some(seconds) = args.idle_seconds {
         outcome.idle_cpu = Some(idle_cpu(seconds, target));
     }
+    outcome.stats = Some(engine.stats());
     Ok(outcome)
 }
 
@@ -417,6 +432,7 @@ impl Shared<'_> {
             batches: 0,
             latencies_us: Vec::new(),
             idle_cpu: None,
+            stats: None,
         };
         let mut requests = Vec::with_capacity(args.batch_size);
         let mut round = 0usize;
@@ -538,6 +554,12 @@ fn run_loopback(args: &Args) -> Result<(), String> {
             args.device_name
                 .iter()
                 .map(|d| format!("--device_name={d}")),
+        )
+        // Through the environment, not argv, so that `ps` does not show it.
+        .envs(
+            args.cluster_secret
+                .iter()
+                .map(|s| ("TERN_CLUSTER_SECRET", s.as_str())),
         )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -667,6 +689,34 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len() - 1)]
 }
 
+/// One line per transport: what it moved, and how each peer stands.
+fn describe_transport(stats: &TransportStats) -> String {
+    let peers: Vec<String> = stats
+        .peers
+        .iter()
+        .map(|p| {
+            let error = p
+                .last_error
+                .as_ref()
+                .map_or_else(String::new, |e| format!(", last error: {e}"));
+            format!("{} {:?} ({} open{error})", p.peer, p.state, p.endpoints)
+        })
+        .collect();
+    format!(
+        "{}: {} bytes in {} slices, {} retries, {} failures; peers: {}",
+        stats.protocol,
+        stats.bytes,
+        stats.slices,
+        stats.retries,
+        stats.failures,
+        if peers.is_empty() {
+            "none".to_owned()
+        } else {
+            peers.join("; ")
+        }
+    )
+}
+
 fn report(args: &Args, outcome: &Outcome) -> Result<(), String> {
     let secs = outcome.duration.as_secs_f64().max(1e-9);
     let scale = unit_scale(&args.report_unit)?;
@@ -688,6 +738,9 @@ fn report(args: &Args, outcome: &Outcome) -> Result<(), String> {
             percentile(&latencies, 50.0),
             percentile(&latencies, 99.0)
         );
+        for transport in outcome.stats.iter().flat_map(|s| &s.transports) {
+            println!("{}", describe_transport(transport));
+        }
         if let Some((initiator, target)) = outcome.idle_cpu {
             let target = target.map_or_else(|| "not measured".to_owned(), |t| format!("{t:.2}%"));
             println!(
@@ -711,6 +764,7 @@ fn report(args: &Args, outcome: &Outcome) -> Result<(), String> {
         "p99_latency_us": percentile(&latencies, 99.0),
         "idle_cpu_initiator_pct": outcome.idle_cpu.map(|c| c.0),
         "idle_cpu_target_pct": outcome.idle_cpu.and_then(|c| c.1),
+        "stats": outcome.stats,
     });
     println!("{json}");
     Ok(())

@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{EngineError, TransferError};
+use crate::stats::TransportCounters;
 use crate::types::{BatchState, BatchStatus, TaskStatus, TransferStatus};
 
 const WAITING: u8 = 0;
@@ -345,14 +346,31 @@ pub(crate) struct SliceCompletion {
     batch: Arc<BatchInner>,
     task: u32,
     reported: bool,
+    /// The counters of the transport that moves the slice.
+    counters: Option<Arc<TransportCounters>>,
 }
 
 impl SliceCompletion {
+    #[cfg(test)]
     pub(crate) fn new(batch: Arc<BatchInner>, task: usize) -> Self {
         Self {
             batch,
             task: task as u32,
             reported: false,
+            counters: None,
+        }
+    }
+
+    pub(crate) fn counted(
+        batch: Arc<BatchInner>,
+        task: usize,
+        counters: Arc<TransportCounters>,
+    ) -> Self {
+        Self {
+            batch,
+            task: task as u32,
+            reported: false,
+            counters: Some(counters),
         }
     }
 
@@ -362,11 +380,23 @@ impl SliceCompletion {
 
     pub(crate) fn succeed(mut self, bytes: u64) {
         self.reported = true;
+        if let Some(counters) = &self.counters {
+            counters.moved(bytes);
+        }
         self.batch.slice_done(self.task as usize, bytes);
+    }
+
+    /// The slice did not run because its task had already ended: nothing is counted.
+    pub(crate) fn skip(mut self) {
+        self.reported = true;
+        self.batch.slice_done(self.task as usize, 0);
     }
 
     pub(crate) fn fail(mut self, error: TransferError) {
         self.reported = true;
+        if let Some(counters) = &self.counters {
+            counters.failed();
+        }
         self.batch.fail_task(self.task as usize, error);
     }
 }
@@ -374,6 +404,9 @@ impl SliceCompletion {
 impl Drop for SliceCompletion {
     fn drop(&mut self) {
         if !self.reported {
+            if let Some(counters) = &self.counters {
+                counters.failed();
+            }
             self.batch.fail_task(
                 self.task as usize,
                 TransferError::Dropped("slice released without a result".into()),

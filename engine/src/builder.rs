@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use tern_memreg::{MemoryRegistry, PretouchPolicy};
+use tern_metadata::auth::ClusterSecret;
 use tern_metadata::net::{self, PortChoice};
 use tern_metadata::rpc::{RpcClientConfig, RpcServer, RpcServerConfig, RpcType};
 use tern_metadata::{RpcMeta, SegmentDesc, StoreOptions, open_store};
@@ -14,6 +15,7 @@ use crate::engine::{EngineInner, TransferEngine};
 use crate::error::EngineError;
 use crate::rpc::handle_rpc;
 use crate::segments::{SegmentTable, handle_event};
+use crate::stats::TransportCounters;
 use crate::transport::{PeerSegment, Transport};
 use crate::types::SegmentId;
 
@@ -36,6 +38,8 @@ pub struct TransferEngineBuilder {
     pretouch: PretouchPolicy,
     /// Store settings, including the handshake RPC client's timeouts.
     store: StoreOptions,
+    /// From [`Self::cluster_secret`] or the environment; a bad one fails `build`.
+    cluster_secret: Result<Option<ClusterSecret>, String>,
 }
 
 impl std::fmt::Debug for TransferEngineBuilder {
@@ -77,6 +81,7 @@ impl Default for TransferEngineBuilder {
             ),
             pretouch: PretouchPolicy::default(),
             store: StoreOptions::default(),
+            cluster_secret: ClusterSecret::from_env().map_err(|e| e.to_string()),
         }
     }
 }
@@ -146,6 +151,18 @@ impl TransferEngineBuilder {
         self
     }
 
+    /// The secret every node of the cluster shares (default: `TERN_CLUSTER_SECRET`, or the file
+    /// named by `TERN_CLUSTER_SECRET_FILE`; else none). With it, the handshake RPC and every
+    /// TCP data connection open with a challenge–response in which both sides prove they know
+    /// it ([`tern_metadata::auth`]); a peer that cannot is refused before anything is read or
+    /// served. Without it, this node speaks plain Mooncake. An empty secret fails `build`.
+    pub fn cluster_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.cluster_secret = ClusterSecret::new(secret.as_ref())
+            .map(Some)
+            .map_err(|e| e.to_string());
+        self
+    }
+
     /// When [`TransferEngine::allocate`] pre-touches its buffers.
     pub fn pretouch(mut self, policy: PretouchPolicy) -> Self {
         self.pretouch = policy;
@@ -153,12 +170,17 @@ impl TransferEngineBuilder {
     }
 
     /// Starts the handshake RPC server and the transports, and publishes this node.
-    pub fn build(self) -> Result<TransferEngine, EngineError> {
+    pub fn build(mut self) -> Result<TransferEngine, EngineError> {
         if self.transports.is_empty() {
             return Err(EngineError::InvalidArgument(
                 "install at least one transport".into(),
             ));
         }
+        let secret = self
+            .cluster_secret
+            .map_err(|e| EngineError::InvalidArgument(format!("cluster secret: {e}")))?
+            .or_else(|| self.store.rpc_client.secret.clone());
+        self.store.rpc_client.secret = secret.clone();
         let rpc_client = self.store.rpc_client.clone();
         let store = open_store(&self.metadata, self.store)?;
         let configured = self
@@ -205,6 +227,11 @@ impl TransferEngineBuilder {
             advertised_ip,
             rpc_meta,
             registry: Arc::new(MemoryRegistry::new()),
+            counters: self
+                .transports
+                .iter()
+                .map(|_| Arc::new(TransportCounters::default()))
+                .collect(),
             transports: self.transports,
             store,
             local: RwLock::new(Arc::new(PeerSegment {
@@ -228,7 +255,11 @@ impl TransferEngineBuilder {
             rpc_server: Mutex::new({
                 let weak = weak.clone();
                 let handler = move |ty: RpcType, body: &[u8]| handle_rpc(&weak, ty, body);
-                RpcServer::serve(listener, RpcServerConfig::default(), Arc::new(handler))
+                let config = RpcServerConfig {
+                    secret,
+                    ..RpcServerConfig::default()
+                };
+                RpcServer::serve(listener, config, Arc::new(handler))
                     .map_err(|e| serve_error = Some(e))
                     .ok()
             }),

@@ -16,6 +16,7 @@ use tern_metadata::{MetadataStore, RpcMeta, SegmentDesc};
 use crate::builder::TransferEngineBuilder;
 use crate::error::EngineError;
 use crate::segments::SegmentTable;
+use crate::stats::{EngineStats, TransportCounters, TransportStats};
 use crate::transport::{PeerSegment, Transport, TransportContext};
 use crate::types::Notify;
 
@@ -27,6 +28,8 @@ pub(crate) struct EngineInner {
     pub(crate) rpc_meta: RpcMeta,
     pub(crate) registry: Arc<MemoryRegistry>,
     pub(crate) transports: Vec<Arc<dyn Transport>>,
+    /// What each transport (same index) moved, counted as its slices complete.
+    pub(crate) counters: Vec<Arc<TransportCounters>>,
     pub(crate) store: Box<dyn MetadataStore>,
     pub(crate) local: RwLock<Arc<PeerSegment>>,
     pub(crate) local_json: RwLock<Arc<String>>,
@@ -119,6 +122,19 @@ impl TransferEngine {
     /// The address this node advertises.
     pub fn advertised_ip(&self) -> IpAddr {
         self.inner.advertised_ip
+    }
+
+    /// What each transport has moved, retried and failed, and how it sees its peers.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            transports: self
+                .inner
+                .transports
+                .iter()
+                .zip(&self.inner.counters)
+                .map(|(t, c)| TransportStats::new(t.protocol(), c, t.report()))
+                .collect(),
+        }
     }
 
     /// This node's descriptor as currently published.

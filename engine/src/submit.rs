@@ -120,6 +120,7 @@ impl TransferEngine {
             }
         })?;
         let transport = &self.inner.transports[transport_index];
+        let counters = &self.inner.counters[transport_index];
         let pieces = split(
             len,
             transport.max_slice_size(),
@@ -134,7 +135,7 @@ impl TransferEngine {
                 len: piece,
                 peer: peer.clone(),
                 remote_addr: request.target_offset + offset as u64,
-                completion: SliceCompletion::new(batch.clone(), task),
+                completion: SliceCompletion::counted(batch.clone(), task, counters.clone()),
             })
             .collect();
         Ok((transport_index, slices))

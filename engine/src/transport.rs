@@ -10,11 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tern_memreg::{MemoryRegistry, RegionInfo, RegionPin};
+use tern_metadata::auth::ClusterSecret;
 use tern_metadata::rpc::{self, RpcClientConfig, RpcError, RpcType};
 use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc};
 
 use crate::batch::SliceCompletion;
 use crate::error::TransferError;
+use crate::stats::TransportReport;
 use crate::types::{Opcode, SegmentId};
 
 /// Asks the engine to rebuild and publish the local descriptor.
@@ -62,6 +64,13 @@ impl TransportContext {
             config.connect_timeout = timeout;
         }
         rpc::call(&peer.rpc.endpoint(), ty, body, &config)
+    }
+
+    /// The engine's cluster secret, if it has one: a transport with connections of its own
+    /// must open each of them with [`tern_metadata::auth`]'s exchange, both ways. (RPCs made
+    /// through [`call_peer`](Self::call_peer) already do.)
+    pub fn cluster_secret(&self) -> Option<&ClusterSecret> {
+        self.rpc_client.secret.as_ref()
     }
 
     /// Asks the engine to rebuild the local descriptor (calling every transport's
@@ -157,6 +166,12 @@ pub trait Transport: Send + Sync + 'static {
     /// [`Slice::complete`] / [`Slice::fail`], typically from worker threads.
     fn submit(&self, slices: Vec<Slice>);
 
+    /// What only the transport knows of its work: retries and its peers' state. The engine
+    /// counts bytes, slices and failures itself. Called off the data path, when a user asks.
+    fn report(&self) -> TransportReport {
+        TransportReport::default()
+    }
+
     /// Stops listeners and workers; slices still queued are failed.
     fn shutdown(&self);
 }
@@ -200,6 +215,6 @@ impl Slice {
     /// The slice was skipped because its task had already ended (canceled, timed out or
     /// failed); nothing is recorded.
     pub fn abandon(self) {
-        self.completion.succeed(0);
+        self.completion.skip();
     }
 }

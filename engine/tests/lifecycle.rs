@@ -338,3 +338,36 @@ fn engines_need_a_transport_and_a_known_metadata_store() {
             .is_err()
     );
 }
+
+/// The engine counts what its transports report back: completed slices and their bytes,
+/// failed slices; skipped ones (their task already over) count as neither.
+#[test]
+fn stats_count_completed_failed_and_skipped_slices() {
+    let (engine, transport) = engine();
+    let local = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let remote = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(3).unwrap();
+    let request =
+        |len| TransferRequest::write(local.addr(), SegmentId::LOCAL, remote.addr() as u64, len);
+    // 10 000 bytes in slices of 4096: three slices; then one slice to fail; one to skip.
+    engine
+        .submit(&batch, &[request(10_000), request(100), request(200)])
+        .unwrap();
+    let mut slices = transport.take();
+    assert_eq!(slices.len(), 5);
+    let skipped = slices.pop().unwrap();
+    let failed = slices.pop().unwrap();
+    for slice in slices {
+        slice.complete();
+    }
+    failed.fail(TransferError::Dropped("on purpose".into()));
+    batch.cancel();
+    skipped.abandon();
+    let stats = engine.stats();
+    assert_eq!(stats.transports.len(), 1);
+    let hold = &stats.transports[0];
+    assert_eq!(hold.protocol, "hold");
+    assert_eq!((hold.bytes, hold.slices, hold.failures), (10_000, 3, 1));
+    assert_eq!(hold.retries, 0, "this transport reports none");
+    assert!(hold.peers.is_empty());
+}

@@ -53,6 +53,11 @@ pub enum MetadataError {
         /// What happened.
         message: String,
     },
+    /// The etcd TLS or login settings are incomplete or unreadable (a certificate without its
+    /// key, a CA file that cannot be read, a user without a password); the message names the
+    /// setting to fix.
+    #[error("etcd settings: {0}")]
+    EtcdSettings(String),
     /// The handshake RPC to a peer failed.
     #[error(transparent)]
     Rpc(#[from] RpcError),

@@ -4,13 +4,23 @@
 //! the prefix tells caches about every change.
 //!
 //! The tokio runtime etcd-client needs lives inside this store; callers see blocking calls.
+//!
+//! Security, from the environment or [`StoreOptions`](crate::StoreOptions): TLS when a CA is
+//! given (`TERN_ETCD_CA`, with `TERN_ETCD_CERT` and `TERN_ETCD_KEY` for an etcd that demands
+//! client certificates, `TERN_ETCD_DOMAIN` when its certificate names another host than the
+//! endpoint), and a login (`TERN_ETCD_USER`, `TERN_ETCD_PASSWORD`) for an etcd with
+//! authentication enabled; its token is refreshed when etcd expires it. Endpoints stay
+//! `host:port` (or `etcd://host:port`): TLS follows from the CA, not from the scheme.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, EventType, PutOptions, WatchOptions};
+use etcd_client::{
+    Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, PutOptions, TlsOptions,
+    WatchOptions,
+};
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
@@ -18,8 +28,8 @@ use crate::SegmentDesc;
 use crate::error::MetadataError;
 use crate::keys::{self, KeyKind};
 use crate::store::{
-    MetadataEvent, MetadataListener, MetadataStore, RpcMeta, decode_rpc_meta, decode_segment,
-    encode_rpc_meta,
+    EtcdCredentials, EtcdTls, MetadataEvent, MetadataListener, MetadataStore, RpcMeta,
+    decode_rpc_meta, decode_segment, encode_rpc_meta,
 };
 
 /// Environment variable with the lease TTL in seconds.
@@ -27,6 +37,18 @@ pub const TTL_ENV: &str = "TERN_ETCD_TTL_SECS";
 /// Environment variable: how many seconds to keep retrying an unreachable etcd at start
 /// (0, the default, fails at once).
 pub const START_RETRY_ENV: &str = "TERN_ETCD_START_RETRY_SECS";
+/// Environment variable: PEM file of the CA that signed etcd's certificate; turns TLS on.
+pub const CA_ENV: &str = "TERN_ETCD_CA";
+/// Environment variable: PEM file of this node's client certificate.
+pub const CERT_ENV: &str = "TERN_ETCD_CERT";
+/// Environment variable: PEM file of the client certificate's key.
+pub const KEY_ENV: &str = "TERN_ETCD_KEY";
+/// Environment variable: the name etcd's certificate must carry, when not the endpoint's host.
+pub const DOMAIN_ENV: &str = "TERN_ETCD_DOMAIN";
+/// Environment variable: the etcd user to log in as.
+pub const USER_ENV: &str = "TERN_ETCD_USER";
+/// Environment variable: that user's password.
+pub const PASSWORD_ENV: &str = "TERN_ETCD_PASSWORD";
 
 /// Settings of the etcd store.
 #[derive(Debug, Clone)]
@@ -41,12 +63,24 @@ pub struct EtcdConfig {
     pub timeout: Duration,
     /// How long to keep retrying (with backoff) when etcd is unreachable at start.
     pub start_retry: Duration,
+    /// TLS settings; `None` speaks plain HTTP/2.
+    pub tls: Option<EtcdTls>,
+    /// The user to log in as; `None` for an etcd without authentication.
+    pub credentials: Option<EtcdCredentials>,
+}
+
+/// A non-empty environment variable.
+fn env_value(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 impl EtcdConfig {
-    /// Defaults (TTL 10 s, 5 s timeouts, no start retry), overridden by
-    /// `MC_METADATA_CLUSTER_ID`, `TERN_ETCD_TTL_SECS` and `TERN_ETCD_START_RETRY_SECS`.
-    pub fn from_env(endpoints: Vec<String>) -> Self {
+    /// Defaults (TTL 10 s, 5 s timeouts, no start retry, no TLS, no login), overridden by
+    /// `MC_METADATA_CLUSTER_ID`, `TERN_ETCD_TTL_SECS`, `TERN_ETCD_START_RETRY_SECS`, the TLS
+    /// variables (`TERN_ETCD_CA`, `TERN_ETCD_CERT`, `TERN_ETCD_KEY`, `TERN_ETCD_DOMAIN`) and
+    /// the login (`TERN_ETCD_USER`, `TERN_ETCD_PASSWORD`). A user without a password is an
+    /// error, so that a forgotten variable is not taken for an empty password.
+    pub fn from_env(endpoints: Vec<String>) -> Result<Self, MetadataError> {
         let secs = |name: &str| {
             std::env::var(name)
                 .ok()
@@ -54,7 +88,7 @@ impl EtcdConfig {
                 .filter(|s| s.is_finite() && *s >= 0.0)
                 .map(Duration::from_secs_f64)
         };
-        Self {
+        Ok(Self {
             endpoints,
             cluster_id: std::env::var(keys::CLUSTER_ID_ENV)
                 .ok()
@@ -64,8 +98,67 @@ impl EtcdConfig {
                 .unwrap_or(Duration::from_secs(10)),
             timeout: Duration::from_secs(5),
             start_retry: secs(START_RETRY_ENV).unwrap_or(Duration::ZERO),
+            tls: tls_from_env(),
+            credentials: credentials_from_env()?,
+        })
+    }
+}
+
+fn tls_from_env() -> Option<EtcdTls> {
+    let tls = EtcdTls {
+        ca: env_value(CA_ENV).map(Into::into),
+        cert: env_value(CERT_ENV).map(Into::into),
+        key: env_value(KEY_ENV).map(Into::into),
+        domain: env_value(DOMAIN_ENV),
+    };
+    (tls != EtcdTls::default()).then_some(tls)
+}
+
+fn credentials_from_env() -> Result<Option<EtcdCredentials>, MetadataError> {
+    match (env_value(USER_ENV), std::env::var(PASSWORD_ENV).ok()) {
+        (Some(user), Some(password)) => Ok(Some(EtcdCredentials { user, password })),
+        (Some(_), None) => Err(MetadataError::EtcdSettings(format!(
+            "{USER_ENV} is set but {PASSWORD_ENV} is not"
+        ))),
+        (None, Some(_)) => Err(MetadataError::EtcdSettings(format!(
+            "{PASSWORD_ENV} is set but {USER_ENV} is not"
+        ))),
+        (None, None) => Ok(None),
+    }
+}
+
+/// etcd-client's TLS options from file paths: the files are read here, so a missing or
+/// unreadable one is named before any connection is tried.
+fn tls_options(tls: &EtcdTls) -> Result<TlsOptions, MetadataError> {
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            MetadataError::EtcdSettings(format!("reading the etcd {what} {path:?}: {e}"))
+        })
+    };
+    let ca = tls.ca.as_deref().ok_or_else(|| {
+        MetadataError::EtcdSettings(format!(
+            "TLS to etcd needs the CA that signed etcd's certificate ({CA_ENV})"
+        ))
+    })?;
+    let mut options = TlsOptions::new().ca_certificate(Certificate::from_pem(read("CA", ca)?));
+    match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => {
+            options = options.identity(Identity::from_pem(
+                read("client certificate", cert)?,
+                read("client key", key)?,
+            ));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(MetadataError::EtcdSettings(format!(
+                "a client certificate needs both {CERT_ENV} and {KEY_ENV}"
+            )));
         }
     }
+    if let Some(domain) = &tls.domain {
+        options = options.domain_name(domain.clone());
+    }
+    Ok(options)
 }
 
 struct Shared {
@@ -108,6 +201,7 @@ impl EtcdStore {
     /// `config.start_retry`).
     pub fn connect(config: EtcdConfig) -> Result<Self, MetadataError> {
         let endpoint = config.endpoints.join(",");
+        let tls = config.tls.as_ref().map(tls_options).transpose()?;
         let store_error = |message: String| MetadataError::Store {
             endpoint: endpoint.clone(),
             message,
@@ -122,7 +216,7 @@ impl EtcdStore {
             let started = tokio::time::Instant::now();
             let mut backoff = Duration::from_millis(100);
             loop {
-                match connect_and_grant(&config).await {
+                match connect_and_grant(&config, tls.clone()).await {
                     Ok(done) => return Ok(done),
                     Err(e) if started.elapsed() + backoff <= config.start_retry => {
                         tracing::warn!("etcd {endpoint} not reachable yet ({e}); retrying");
@@ -208,11 +302,32 @@ impl EtcdStore {
     }
 }
 
-async fn connect_and_grant(config: &EtcdConfig) -> Result<(Client, i64), etcd_client::Error> {
-    let options = ConnectOptions::new()
+async fn connect_and_grant(
+    config: &EtcdConfig,
+    tls: Option<TlsOptions>,
+) -> Result<(Client, i64), etcd_client::Error> {
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(config.timeout)
         .with_timeout(config.timeout);
+    if let Some(tls) = tls {
+        options = options.with_tls(tls);
+    }
+    if let Some(login) = &config.credentials {
+        // etcd's tokens expire (5 min by default): log in again when one is refused.
+        options = options
+            .with_user(login.user.clone(), login.password.clone())
+            .with_auto_token_refresh(true);
+    }
     let mut client = Client::connect(config.endpoints.clone(), Some(options)).await?;
+    // A read of the prefix up front: an etcd with authentication enabled grants leases to
+    // anyone (3.4), so a missing login or permission would otherwise only show later, as
+    // publications that never land.
+    let prefix = keys::common_prefix(config.cluster_id.as_deref());
+    let probe = GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_limit(1);
+    client.get(prefix, Some(probe)).await?;
     let lease = client
         .lease_grant(config.ttl.as_secs().max(1) as i64, None)
         .await?

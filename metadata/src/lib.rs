@@ -3,12 +3,14 @@
 //! `tern-metadata` defines the segment descriptors ([`SegmentDesc`], [`BufferDesc`],
 //! [`DeviceDesc`]) byte-compatible with Mooncake's JSON, the key layout of metadata stores,
 //! the [`MetadataStore`] trait with its stores, the handshake RPC ([`rpc`]: framing, server,
-//! client), and how a node picks the address it advertises ([`net`]).
+//! client), the cluster-secret challenge–response that opens RPC and data connections
+//! ([`auth`]), and how a node picks the address it advertises ([`net`]).
 //!
 //! It must not move data or know about batches, transports' internals or registered memory:
 //! transports hand their part of a descriptor to the engine, which publishes it here.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod desc;
 mod error;
 #[cfg(feature = "etcd")]
@@ -22,6 +24,6 @@ mod store;
 pub use desc::{BufferDesc, DescriptorError, DeviceDesc, PriorityMatrix, SegmentDesc};
 pub use error::MetadataError;
 pub use store::{
-    MetadataConn, MetadataEvent, MetadataListener, MetadataStore, P2pStore, RpcMeta, StoreOptions,
-    open_store,
+    EtcdCredentials, EtcdTls, MetadataConn, MetadataEvent, MetadataListener, MetadataStore,
+    P2pStore, RpcMeta, StoreOptions, open_store,
 };

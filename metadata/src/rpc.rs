@@ -2,17 +2,63 @@
 //! `u64 LE length | type byte | JSON`, where `length` counts the type byte and the JSON.
 //! The reply echoes the request's type. Types: Connection 0, Metadata 1, Notify 2, Probe 3.
 //! A frame whose first body byte is `{` is a legacy frame without a type byte (Connection).
+//!
+//! Frames are bounded by `MC_HANDSHAKE_MAX_LENGTH` on both sides (as Mooncake: default and
+//! minimum 1 MiB, maximum 128 MiB). With a cluster secret ([`RpcClientConfig::secret`],
+//! [`RpcServerConfig::secret`]) every connection opens with the [`auth`] exchange and the
+//! server reads no frame from a peer that has not proved it knows the secret; without one the
+//! bytes are Mooncake's and nothing else.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::auth::{self, AuthError, Channel, ClusterSecret};
 use crate::net::{Acceptor, PortChoice, bind_listener};
 
 /// Default and minimum frame size limit (1 MiB), as in Mooncake.
 pub const DEFAULT_MAX_FRAME: usize = 1 << 20;
+/// Largest frame size limit that may be configured (128 MiB), as in Mooncake.
+pub const MAX_FRAME_CEILING: usize = 128 << 20;
+/// Environment variable with the frame size limit in bytes (Mooncake's).
+pub const MAX_FRAME_ENV: &str = "MC_HANDSHAKE_MAX_LENGTH";
+
+/// Reads a frame size limit as Mooncake does: bytes, from [`DEFAULT_MAX_FRAME`] to
+/// [`MAX_FRAME_CEILING`]. `None` (unset) gives the default; anything else is `Err` with the
+/// reason, and the caller keeps the default.
+pub fn parse_max_frame(value: Option<&str>) -> Result<usize, String> {
+    let Some(value) = value else {
+        return Ok(DEFAULT_MAX_FRAME);
+    };
+    match value.trim().parse::<usize>() {
+        Ok(n) if (DEFAULT_MAX_FRAME..=MAX_FRAME_CEILING).contains(&n) => Ok(n),
+        Ok(n) => Err(format!(
+            "{MAX_FRAME_ENV}={n} is outside {DEFAULT_MAX_FRAME}..={MAX_FRAME_CEILING}"
+        )),
+        Err(_) => Err(format!(
+            "{MAX_FRAME_ENV}={value:?} is not a number of bytes"
+        )),
+    }
+}
+
+/// The frame size limit from `MC_HANDSHAKE_MAX_LENGTH`, read once per process (as Mooncake);
+/// a bad value is logged once and the default kept.
+pub fn max_frame_from_env() -> usize {
+    static LIMIT: OnceLock<usize> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        let value = std::env::var(MAX_FRAME_ENV).ok();
+        parse_max_frame(value.as_deref()).unwrap_or_else(|reason| {
+            tracing::warn!("{reason}; using {DEFAULT_MAX_FRAME} bytes");
+            DEFAULT_MAX_FRAME
+        })
+    })
+}
+
+/// A Tern authentication Hello read as a plain frame's length: how a node without a secret
+/// recognises a peer that has one.
+const HELLO_AS_LENGTH: u64 = u64::from_le_bytes(auth::MAGIC);
 
 /// Kinds of handshake RPC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -85,8 +131,16 @@ pub fn read_frame(r: &mut impl Read, max: usize) -> Result<(RpcType, Vec<u8>), F
     if len > max as u64 {
         return Err(FrameError::TooLong { len, max });
     }
-    let mut body = vec![0u8; len as usize];
-    r.read_exact(&mut body)?;
+    // Grows with what arrives, so a frame that announces much and sends little costs
+    // little.
+    let mut body = Vec::new();
+    r.take(len).read_to_end(&mut body)?;
+    if (body.len() as u64) < len {
+        return Err(FrameError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("frame ended after {} of {len} bytes", body.len()),
+        )));
+    }
     match body[0] {
         b'{' => Ok((RpcType::Connection, body)),
         byte => {
@@ -125,6 +179,18 @@ pub enum RpcError {
         /// What failed.
         source: FrameError,
     },
+    /// The peer closed the connection without answering a plain (unauthenticated) request:
+    /// it may require a cluster secret that this node lacks (give both the same), or it failed.
+    #[error(
+        "{peer} closed the connection without answering ({source}); if it requires a cluster \
+         secret, give this node the same one"
+    )]
+    NoReply {
+        /// Peer as given.
+        peer: String,
+        /// How the connection ended.
+        source: io::Error,
+    },
     /// The reply's type byte did not echo the request's.
     #[error("{peer} answered a {sent:?} request with {got:?}")]
     TypeMismatch {
@@ -134,6 +200,16 @@ pub enum RpcError {
         sent: RpcType,
         /// Type received.
         got: RpcType,
+    },
+    /// The cluster-secret exchange with the peer failed: it runs without a secret (or is a
+    /// Mooncake node), has another secret, or broke the exchange; `source` says which. Give
+    /// every node of the cluster the same secret, or none.
+    #[error("authenticating to {peer}: {source}")]
+    Auth {
+        /// Peer as given.
+        peer: String,
+        /// What failed.
+        source: AuthError,
     },
     /// The peer answered but refused the request.
     #[error("{peer} rejected the {ty:?} request: {reason}")]
@@ -147,15 +223,18 @@ pub enum RpcError {
     },
 }
 
-/// Client timeouts and limits.
+/// Client timeouts, limits and credentials.
 #[derive(Debug, Clone)]
 pub struct RpcClientConfig {
-    /// Bound on connecting (Mooncake: 5 s).
+    /// Bound on connecting, authentication included (Mooncake: 5 s).
     pub connect_timeout: Duration,
     /// Bound on each read and write after connecting.
     pub io_timeout: Duration,
-    /// Largest reply accepted.
+    /// Largest reply accepted (default: `MC_HANDSHAKE_MAX_LENGTH`, else 1 MiB).
     pub max_frame: usize,
+    /// The cluster secret to prove before sending a request, and to demand of the server;
+    /// `None` speaks plain Mooncake.
+    pub secret: Option<ClusterSecret>,
 }
 
 impl Default for RpcClientConfig {
@@ -163,7 +242,8 @@ impl Default for RpcClientConfig {
         Self {
             connect_timeout: Duration::from_secs(5),
             io_timeout: Duration::from_secs(60),
-            max_frame: 128 << 20,
+            max_frame: max_frame_from_env(),
+            secret: None,
         }
     }
 }
@@ -203,6 +283,18 @@ pub fn call(
     };
     let io_err = |e: io::Error| exchange(FrameError::Io(e));
     stream.set_nodelay(true).map_err(io_err)?;
+    if let Some(secret) = &config.secret {
+        // Authentication is part of connecting: bounded like it, before any request leaves.
+        let bound = Some(config.connect_timeout.min(config.io_timeout));
+        stream.set_read_timeout(bound).map_err(io_err)?;
+        stream.set_write_timeout(bound).map_err(io_err)?;
+        auth::client_handshake(&mut stream, secret, Channel::Rpc).map_err(|source| {
+            RpcError::Auth {
+                peer: peer.to_owned(),
+                source,
+            }
+        })?;
+    }
     stream
         .set_read_timeout(Some(config.io_timeout))
         .map_err(io_err)?;
@@ -210,7 +302,22 @@ pub fn call(
         .set_write_timeout(Some(config.io_timeout))
         .map_err(io_err)?;
     write_frame(&mut stream, ty, body).map_err(io_err)?;
-    let (got, reply) = read_frame(&mut stream, config.max_frame).map_err(exchange)?;
+    let (got, reply) = read_frame(&mut stream, config.max_frame).map_err(|e| match e {
+        // A node that demands a secret closes on a plain request without a word.
+        FrameError::Io(source)
+            if config.secret.is_none()
+                && matches!(
+                    source.kind(),
+                    io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+                ) =>
+        {
+            RpcError::NoReply {
+                peer: peer.to_owned(),
+                source,
+            }
+        }
+        e => exchange(e),
+    })?;
     if got != ty {
         return Err(RpcError::TypeMismatch {
             peer: peer.to_owned(),
@@ -236,26 +343,31 @@ where
     }
 }
 
-/// Server limits.
+/// Server limits and credentials.
 #[derive(Debug, Clone)]
 pub struct RpcServerConfig {
     /// Where to bind.
     pub ports: PortChoice,
-    /// Largest request accepted (at least [`DEFAULT_MAX_FRAME`]).
+    /// Largest request accepted, held to [`DEFAULT_MAX_FRAME`]..=[`MAX_FRAME_CEILING`]
+    /// (default: `MC_HANDSHAKE_MAX_LENGTH`, else 1 MiB).
     pub max_frame: usize,
     /// How long a connection may stay silent (Mooncake: 5 s).
     pub idle_timeout: Duration,
     /// Connections served at once; more are closed at once.
     pub max_connections: usize,
+    /// The cluster secret every client must prove before a byte of its request is read;
+    /// `None` serves plain Mooncake clients.
+    pub secret: Option<ClusterSecret>,
 }
 
 impl Default for RpcServerConfig {
     fn default() -> Self {
         Self {
             ports: PortChoice::default(),
-            max_frame: DEFAULT_MAX_FRAME,
+            max_frame: max_frame_from_env(),
             idle_timeout: Duration::from_secs(5),
             max_connections: 256,
+            secret: None,
         }
     }
 }
@@ -306,7 +418,7 @@ fn accept_loop(
     stop: Arc<AtomicBool>,
 ) {
     let active = Arc::new(AtomicUsize::new(0));
-    let max_frame = config.max_frame.max(DEFAULT_MAX_FRAME);
+    let max_frame = config.max_frame.clamp(DEFAULT_MAX_FRAME, MAX_FRAME_CEILING);
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
@@ -324,10 +436,11 @@ fn accept_loop(
         }
         active.fetch_add(1, Ordering::AcqRel);
         let (handler, active, timeout) = (handler.clone(), active.clone(), config.idle_timeout);
+        let secret = config.secret.clone();
         let spawned = std::thread::Builder::new()
             .name("tern-rpc-conn".into())
             .spawn(move || {
-                serve_connection(stream, &*handler, max_frame, timeout);
+                serve_connection(stream, &*handler, max_frame, timeout, secret.as_ref());
                 active.fetch_sub(1, Ordering::AcqRel);
             });
         if let Err(e) = spawned {
@@ -341,17 +454,37 @@ fn serve_connection(
     handler: &dyn RpcHandler,
     max: usize,
     timeout: Duration,
+    secret: Option<&ClusterSecret>,
 ) {
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+    // Bounds each read, the authentication exchange's included.
     let _ = stream.set_read_timeout(Some(timeout));
     let _ = stream.set_write_timeout(Some(timeout));
     let _ = stream.set_nodelay(true);
+    if let Some(secret) = secret {
+        match auth::server_handshake(&mut stream, secret, Channel::Rpc) {
+            Ok(()) => {}
+            // A bare connect-and-close (a port probe, or the shutdown wake-up) is no refusal.
+            Err(e) if e.is_silent_close() => return,
+            Err(e) => {
+                tracing::warn!("handshake RPC from {peer} refused, nothing served: {e}");
+                return;
+            }
+        }
+    }
     let (ty, body) = match read_frame(&mut stream, max) {
         Ok(frame) => frame,
         // A bare connect-and-close (a port probe, or the shutdown wake-up) is not worth a line.
         Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return,
+        Err(FrameError::TooLong { len, .. }) if len == HELLO_AS_LENGTH => {
+            tracing::warn!(
+                "handshake from {peer}: the peer wants to authenticate with a cluster secret \
+                 and this node has none; dropping the connection"
+            );
+            return;
+        }
         Err(e) => {
             tracing::warn!("handshake from {peer}: {e}; dropping the connection");
             return;
@@ -409,5 +542,29 @@ mod tests {
             read_frame(&mut &truncated[..], 64),
             Err(FrameError::Io(_))
         ));
+    }
+
+    #[test]
+    fn frame_limits_are_read_as_mooncake_reads_them() {
+        assert_eq!(parse_max_frame(None), Ok(1 << 20));
+        assert_eq!(parse_max_frame(Some("4194304")), Ok(4 << 20));
+        assert_eq!(parse_max_frame(Some(" 134217728 ")), Ok(128 << 20));
+        for bad in ["1048575", "134217729", "0", "-1", "1MiB", ""] {
+            let reason = parse_max_frame(Some(bad)).unwrap_err();
+            assert!(reason.contains(MAX_FRAME_ENV), "{bad:?}: {reason}");
+        }
+    }
+
+    #[test]
+    fn a_hello_read_as_a_plain_frame_is_too_long_and_recognised() {
+        let hello = auth::AuthFrame::Hello {
+            channel: Channel::Rpc,
+            nonce: [0; auth::NONCE_LEN],
+        }
+        .encode();
+        match read_frame(&mut &hello[..], MAX_FRAME_CEILING) {
+            Err(FrameError::TooLong { len, .. }) => assert_eq!(len, HELLO_AS_LENGTH),
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -142,6 +142,39 @@ pub trait MetadataStore: Send + Sync {
     fn shutdown(&self) {}
 }
 
+/// TLS to etcd. etcd's server certificate is checked against `ca` (etcd is normally run with
+/// a private CA, so there is no fallback to the system's roots); `cert` and `key` are this
+/// node's client certificate for an etcd started with `--client-cert-auth`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// PEM file of the CA that signed etcd's certificate (`TERN_ETCD_CA`); required.
+    pub ca: Option<std::path::PathBuf>,
+    /// PEM file of this node's client certificate (`TERN_ETCD_CERT`); needs `key`.
+    pub cert: Option<std::path::PathBuf>,
+    /// PEM file of the client certificate's private key (`TERN_ETCD_KEY`); needs `cert`.
+    pub key: Option<std::path::PathBuf>,
+    /// The name etcd's certificate must carry (`TERN_ETCD_DOMAIN`; default: each
+    /// endpoint's host, an IP address included).
+    pub domain: Option<String>,
+}
+
+/// An etcd user for an etcd with authentication enabled (`etcdctl auth enable`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdCredentials {
+    /// User name (`TERN_ETCD_USER`).
+    pub user: String,
+    /// Password (`TERN_ETCD_PASSWORD`); never printed.
+    pub password: String,
+}
+
+impl std::fmt::Debug for EtcdCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCredentials")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Settings that override the environment when a store is opened.
 #[derive(Debug, Clone, Default)]
 pub struct StoreOptions {
@@ -154,6 +187,11 @@ pub struct StoreOptions {
     /// How long to retry an unreachable etcd at start (else `TERN_ETCD_START_RETRY_SECS`, else
     /// fail at once).
     pub start_retry: Option<std::time::Duration>,
+    /// TLS to etcd (else `TERN_ETCD_CA`, `TERN_ETCD_CERT`, `TERN_ETCD_KEY`,
+    /// `TERN_ETCD_DOMAIN`; else plain HTTP/2).
+    pub etcd_tls: Option<EtcdTls>,
+    /// The etcd user to log in as (else `TERN_ETCD_USER` and `TERN_ETCD_PASSWORD`; else none).
+    pub etcd_credentials: Option<EtcdCredentials>,
 }
 
 /// Opens the store a connection string names.
@@ -172,9 +210,15 @@ pub fn open_store(
         }
         #[cfg(feature = "etcd")]
         MetadataConn::Etcd(endpoints) => {
-            let mut config = crate::etcd::EtcdConfig::from_env(endpoints);
+            let mut config = crate::etcd::EtcdConfig::from_env(endpoints)?;
             if options.cluster_id.is_some() {
                 config.cluster_id = options.cluster_id;
+            }
+            if options.etcd_tls.is_some() {
+                config.tls = options.etcd_tls;
+            }
+            if options.etcd_credentials.is_some() {
+                config.credentials = options.etcd_credentials;
             }
             config.ttl = options.ttl.unwrap_or(config.ttl);
             config.start_retry = options.start_retry.unwrap_or(config.start_retry);

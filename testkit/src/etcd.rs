@@ -17,8 +17,32 @@ pub struct Etcd {
     ip: IpAddr,
     client_port: u16,
     peer_port: u16,
+    /// Plain-HTTP port of `/health` when the client API speaks TLS.
+    metrics_port: Option<u16>,
     dir: PathBuf,
     log: Option<PathBuf>,
+    options: LaunchOptions,
+}
+
+/// The client API over TLS: etcd's certificate and key, and the CA whose client certificates
+/// it demands (`--client-cert-auth`), if any.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// PEM certificate etcd serves (its names must include the address it listens on).
+    pub cert: PathBuf,
+    /// Its PEM key.
+    pub key: PathBuf,
+    /// When set, etcd refuses clients without a certificate signed by this PEM CA.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// What [`Etcd::launch_with`] adds to a plain etcd.
+#[derive(Debug, Clone, Default)]
+pub struct LaunchOptions {
+    /// Serve the client API over TLS.
+    pub tls: Option<TlsFiles>,
+    /// More `etcd` flags, e.g. `--auth-token-ttl=1`.
+    pub extra_args: Vec<String>,
 }
 
 /// A port nothing listens on at `ip` right now.
@@ -61,6 +85,18 @@ impl Etcd {
         dir: PathBuf,
         log: Option<PathBuf>,
     ) -> Result<Self, String> {
+        Self::launch_with(ip, client_port, dir, log, LaunchOptions::default())
+    }
+
+    /// As [`Etcd::launch`], with TLS or more flags. With TLS, health is checked on a
+    /// plain-HTTP metrics port of its own.
+    pub fn launch_with(
+        ip: IpAddr,
+        client_port: Option<u16>,
+        dir: PathBuf,
+        log: Option<PathBuf>,
+        options: LaunchOptions,
+    ) -> Result<Self, String> {
         let client_port = match client_port {
             Some(port) => port,
             None => free_port(ip)?,
@@ -72,8 +108,13 @@ impl Etcd {
             ip,
             client_port,
             peer_port: free_port(IpAddr::V4(Ipv4Addr::LOCALHOST))?,
+            metrics_port: match options.tls {
+                Some(_) => Some(free_port(IpAddr::V4(Ipv4Addr::LOCALHOST))?),
+                None => None,
+            },
             dir,
             log,
+            options,
         };
         etcd.run()?;
         Ok(etcd)
@@ -91,7 +132,12 @@ impl Etcd {
     }
 
     fn run(&mut self) -> Result<(), String> {
-        let client = format!("http://{}:{}", self.ip, self.client_port);
+        let scheme = if self.options.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let client = format!("{scheme}://{}:{}", self.ip, self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let stderr = match &self.log {
             Some(path) => Stdio::from(
@@ -99,7 +145,22 @@ impl Etcd {
             ),
             None => Stdio::null(),
         };
-        let child = Command::new(binary())
+        let mut command = Command::new(binary());
+        if let Some(tls) = &self.options.tls {
+            command.arg("--cert-file").arg(&tls.cert);
+            command.arg("--key-file").arg(&tls.key);
+            if let Some(ca) = &tls.client_ca {
+                command
+                    .arg("--client-cert-auth")
+                    .arg("--trusted-ca-file")
+                    .arg(ca);
+            }
+        }
+        if let Some(port) = self.metrics_port {
+            command.arg(format!("--listen-metrics-urls=http://127.0.0.1:{port}"));
+        }
+        command.args(&self.options.extra_args);
+        let child = command
             .args(["--name", "tern", "--data-dir"])
             .arg(&self.dir)
             .args(["--listen-client-urls", &client])
@@ -117,8 +178,12 @@ impl Etcd {
         self.child = Some(child);
         // Under software emulation (the Soft-RoCE guests) etcd takes seconds to come up.
         let started = Instant::now();
+        let health_endpoint = match self.metrics_port {
+            Some(port) => format!("127.0.0.1:{port}"),
+            None => self.endpoint.clone(),
+        };
         while started.elapsed() < Duration::from_secs(90) {
-            if health(&self.endpoint) {
+            if health(&health_endpoint) {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -181,9 +246,16 @@ pub fn health(endpoint: &str) -> bool {
 
 /// `etcdctl` (API v3) against `endpoint`; returns stdout. Panics when it fails.
 pub fn etcdctl(endpoint: &str, args: &[&str]) -> String {
+    etcdctl_with(endpoint, &[], args)
+}
+
+/// `etcdctl` with global flags (`--user=root:pw`, `--cacert=..`, `--cert=..`, `--key=..`)
+/// before `args`; returns stdout. Panics when it fails.
+pub fn etcdctl_with(endpoint: &str, global: &[&str], args: &[&str]) -> String {
     let output = Command::new("etcdctl")
         .env("ETCDCTL_API", "3")
         .arg(format!("--endpoints={endpoint}"))
+        .args(global)
         .args(args)
         .output()
         .expect("etcdctl (package etcd-client)");

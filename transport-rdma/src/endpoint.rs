@@ -252,6 +252,11 @@ impl EndpointStore {
         self.cache.len()
     }
 
+    /// Every endpoint, without marking any as used.
+    pub fn endpoints(&self) -> impl Iterator<Item = &Arc<Endpoint>> {
+        self.cache.iter().map(|(_, ep)| ep)
+    }
+
     /// Every endpoint, emptying the store (shutdown).
     pub fn drain(&mut self) -> Vec<Arc<Endpoint>> {
         self.cache.drain().into_iter().map(|(_, ep)| ep).collect()

@@ -33,8 +33,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tern_engine::{
-    BufferDesc, RegionInfo, SegmentDesc, Slice, TransferError, Transport, TransportContext,
-    TransportError,
+    BufferDesc, PeerState, PeerStats, RegionInfo, SegmentDesc, Slice, TransferError, Transport,
+    TransportContext, TransportError, TransportReport,
 };
 use tern_memreg::nic::register_on_devices;
 use tern_metadata::{DeviceDesc, PriorityMatrix};
@@ -67,7 +67,7 @@ pub fn is_addressable(desc: &SegmentDesc) -> bool {
 }
 
 /// The RDMA transport. Install it with `TransferEngine::builder().transport(..)`; a clone
-/// shares its state (keep one to read [`RdmaTransport::stats`]).
+/// shares its state (keep one to read [`RdmaTransport::nic_stats`]).
 #[derive(Debug, Clone)]
 pub struct RdmaTransport {
     inner: Arc<Inner>,
@@ -143,7 +143,7 @@ impl RdmaTransport {
     }
 
     /// What each NIC has moved so far (empty before the engine starts the transport).
-    pub fn stats(&self) -> Vec<NicStats> {
+    pub fn nic_stats(&self) -> Vec<NicStats> {
         let Some(shared) = self.inner.running.get() else {
             return Vec::new();
         };
@@ -258,6 +258,8 @@ impl Inner {
             cq_entries,
             peer_views: Mutex::new(HashMap::new()),
             local_ranked: Mutex::new(HashMap::new()),
+            retries: std::sync::atomic::AtomicU64::new(0),
+            last_errors: Mutex::new(HashMap::new()),
             nics: slots,
         });
         for (n, w, inbox) in inboxes {
@@ -512,6 +514,44 @@ impl Transport for RdmaTransport {
             if !jobs.is_empty() {
                 shared.nics[group / workers].workers[group % workers].send_jobs(jobs);
             }
+        }
+    }
+
+    fn report(&self) -> TransportReport {
+        let Some(shared) = self.running() else {
+            return TransportReport::default();
+        };
+        // Per peer server: (ready endpoints, connecting endpoints).
+        let mut peers: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
+        for slot in &shared.nics {
+            for ep in lock(&slot.store).endpoints() {
+                let server = ep.key.rsplit_once('@').map_or(&*ep.key, |(s, _)| s);
+                let entry = peers.entry(server.to_owned()).or_default();
+                match ep.state() {
+                    endpoint::State::Ready | endpoint::State::WaitAck => entry.0 += 1,
+                    endpoint::State::Connecting => entry.1 += 1,
+                    endpoint::State::Dead => {}
+                }
+            }
+        }
+        let errors = lock(&shared.last_errors).clone();
+        for server in errors.keys() {
+            peers.entry(server.clone()).or_default();
+        }
+        TransportReport {
+            retries: shared.retries.load(Ordering::Relaxed),
+            peers: peers
+                .into_iter()
+                .map(|(peer, (ready, connecting))| {
+                    let last_error = errors.get(&peer).cloned();
+                    PeerStats {
+                        state: PeerState::of(ready, connecting, last_error.is_some()),
+                        peer,
+                        endpoints: ready + connecting,
+                        last_error,
+                    }
+                })
+                .collect(),
         }
     }
 

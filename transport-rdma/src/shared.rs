@@ -121,6 +121,10 @@ pub(crate) struct Shared {
     pub peer_views: Mutex<HashMap<tern_engine::SegmentId, Arc<PeerView>>>,
     /// Local NICs ranked per location.
     pub local_ranked: Mutex<HashMap<String, Arc<Ranked>>>,
+    /// Slices sent again after a failure.
+    pub retries: std::sync::atomic::AtomicU64,
+    /// The last failure seen with each peer server (only written when something fails).
+    pub last_errors: Mutex<HashMap<String, String>>,
 }
 
 /// Which of a NIC's workers owns the endpoints of a peer NIC path.
@@ -171,6 +175,12 @@ impl Shared {
         } else {
             usable
         }
+    }
+
+    /// Remembers the last failure with the peer behind `key` (a NIC path), for stats.
+    pub fn note_failure(&self, key: &str, reason: &str) {
+        let server = key.rsplit_once('@').map_or(key, |(server, _)| server);
+        lock(&self.last_errors).insert(server.to_owned(), reason.to_owned());
     }
 
     pub fn blame(&self, nic: usize, key: &Arc<str>, blame: Blame) {
@@ -415,6 +425,7 @@ impl Shared {
         );
         match route {
             Ok(route) => {
+                self.retries.fetch_add(1, Ordering::Relaxed);
                 job.nic = route.nic;
                 job.key = route.key;
                 job.lkey = route.lkey;
@@ -527,6 +538,7 @@ impl Shared {
     /// ours connect to them; then the ready ACK, if the peer speaks it.
     fn handshake(&self, ep: &Endpoint, peer: &PeerSegment) -> Result<(), String> {
         let nic = &self.nics[ep.nic].nic;
+        let _span = tracing::debug_span!("rdma_connect", path = %ep.key, nic = %nic.name).entered();
         let mut request = self.my_desc(ep.nic, &ep.key, ep.qp_nums());
         let call = |request: &HandshakeDesc| -> Result<HandshakeDesc, String> {
             let reply = self
@@ -577,6 +589,7 @@ impl Shared {
     }
 
     fn answer(&self, desc: &HandshakeDesc) -> Result<HandshakeDesc, String> {
+        let _span = tracing::debug_span!("rdma_accept", peer = %desc.local_nic_path).entered();
         if self.stopping.load(Ordering::Acquire) {
             return Err("this node is shutting down".into());
         }

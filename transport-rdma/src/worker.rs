@@ -300,6 +300,7 @@ impl Worker {
                     Ok(()) => self.mark_waiting(slot),
                     Err(reason) => {
                         tracing::warn!("RDMA connection to {} failed: {reason}", ep.key);
+                        self.shared.note_failure(&ep.key, &reason);
                         self.shared.blame(self.nic, &ep.key, Blame::Hard);
                         self.refused
                             .insert(ep.key.clone(), (Instant::now(), reason.clone()));
@@ -584,6 +585,10 @@ impl Worker {
             // registered it for remote access). Retrying cannot help.
             let slice = job.slice;
             let (addr, len) = (slice.remote_addr, slice.len);
+            self.shared.note_failure(
+                &job.key,
+                &format!("remote access error at {addr:#x} (+{len})"),
+            );
             return slice.fail(TransferError::RemoteRejected {
                 peer: job.key.to_string(),
                 addr,
@@ -599,6 +604,7 @@ impl Worker {
         };
         self.shared.blame(self.nic, &job.key, blame);
         let reason = format!("{error} on {}", job.key);
+        self.shared.note_failure(&job.key, &reason);
         self.reroute(job, Some(reason));
     }
 

@@ -427,7 +427,7 @@ fn rdma_is_chosen_over_tcp_when_the_peer_speaks_both() {
     );
     let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
     local.write_at(0, &pattern(6, 1 << 20)).unwrap();
-    let rdma_bytes = || stats.stats().iter().map(|s| s.bytes).sum::<u64>();
+    let rdma_bytes = || stats.nic_stats().iter().map(|s| s.bytes).sum::<u64>();
     for (target, over_rdma) in [(&both, true), (&tcp_only, false)] {
         let remote = target.allocate(1 << 20, "cpu:0").unwrap();
         let peer = initiator.open_segment(target.segment_name()).unwrap();
@@ -465,6 +465,29 @@ fn helper_target() {
     );
 }
 
+/// Reads the helper target's 8 MiB (pattern 7) and writes pattern 8 into its fifth MiB,
+/// which the helper checks when it finishes.
+fn read_the_helper_then_write_to_it(
+    engine: &TransferEngine,
+    peer: tern_engine::SegmentId,
+    local: &tern_engine::OwnedBuffer,
+    remote: u64,
+) {
+    engine
+        .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 8 << 20))
+        .unwrap();
+    assert!(holds(local, 0, 7, 8 << 20), "read from the other process");
+    local.write_at(0, &pattern(8, 1 << 20)).unwrap();
+    engine
+        .transfer_sync(TransferRequest::write(
+            local.addr(),
+            peer,
+            remote + (4 << 20),
+            1 << 20,
+        ))
+        .unwrap();
+}
+
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn two_processes_share_one_device() {
@@ -475,19 +498,7 @@ fn two_processes_share_one_device() {
     let engine = builder(rdma_with(|_| {})).build().unwrap();
     let peer = engine.open_segment(segment).unwrap();
     let local = engine.allocate(8 << 20, "cpu:0").unwrap();
-    engine
-        .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 8 << 20))
-        .unwrap();
-    assert!(holds(&local, 0, 7, 8 << 20), "read from the other process");
-    local.write_at(0, &pattern(8, 1 << 20)).unwrap();
-    engine
-        .transfer_sync(TransferRequest::write(
-            local.addr(),
-            peer,
-            remote + (4 << 20),
-            1 << 20,
-        ))
-        .unwrap();
+    read_the_helper_then_write_to_it(&engine, peer, &local, remote);
     assert!(target.finish().success(), "the target saw the write");
 }
 
@@ -599,6 +610,32 @@ fn a_remote_access_error_fails_the_task_and_the_path_recovers() {
         ))
         .unwrap();
     assert!(holds(&kept, 0, 9, 4096));
+    // The engine's statistics tell the story: the failed slices (each QP's first refused
+    // write fails; the flushed ones behind them are skipped), the bytes that moved, and the
+    // peer connected again with its last error kept.
+    let stats = initiator.stats();
+    let rdma = &stats.transports[0];
+    assert_eq!(rdma.protocol, "rdma");
+    assert!((1..=2).contains(&rdma.failures), "{rdma:?}");
+    assert_eq!((rdma.bytes, rdma.slices), (4096, 1), "{rdma:?}");
+    let peer_stats = rdma
+        .peers
+        .iter()
+        .find(|p| p.peer == target.segment_name())
+        .unwrap_or_else(|| panic!("no stats for the target: {rdma:?}"));
+    assert_eq!(
+        peer_stats.state,
+        tern_engine::PeerState::Connected,
+        "{peer_stats:?}"
+    );
+    assert!(peer_stats.endpoints >= 1);
+    assert!(
+        peer_stats
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("remote access")),
+        "{peer_stats:?}"
+    );
 }
 
 /// `MC_GID_INDEX` and `MC_IB_PORT` are honoured: the published GID is the one at the index
@@ -681,4 +718,58 @@ fn a_given_priority_matrix_is_published() {
     .to_string();
     assert!(error.contains("cpu:0"), "{error}");
     let _ = std::fs::remove_file(&file);
+}
+
+/// A target process stopped (SIGSTOP) mid-run: its NIC still serves the memory it
+/// registered, so transfers on open endpoints complete with the right bytes; a new
+/// initiator, whose handshake the stopped process cannot answer, times out at its deadline
+/// with a typed status; once the target continues, that initiator is served too.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn a_stopped_target_is_still_served_by_its_nic_and_new_handshakes_time_out() {
+    support::setup(
+        "a_stopped_target_is_still_served_by_its_nic_and_new_handshakes_time_out",
+        Duration::from_secs(300),
+    );
+    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
+    let (segment, addr) = value.split_once(' ').unwrap();
+    let remote: u64 = addr.parse().unwrap();
+    let first = builder(rdma_with(|_| {})).build().unwrap();
+    let peer = first.open_segment(segment).unwrap();
+    let local = first.allocate(8 << 20, "cpu:0").unwrap();
+    first
+        .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 4096))
+        .unwrap();
+    // Opened before the stop, but no endpoint yet: its first transfer needs a handshake.
+    let second = builder(rdma_with(|_| {})).build().unwrap();
+    let peer2 = second.open_segment(segment).unwrap();
+    target.signal("STOP");
+    read_the_helper_then_write_to_it(&first, peer, &local, remote);
+
+    let local2 = second.allocate(1 << 20, "cpu:0").unwrap();
+    let batch = second.allocate_batch(1).unwrap();
+    batch.set_deadline(Some(std::time::Instant::now() + Duration::from_secs(5)));
+    second
+        .submit(
+            &batch,
+            &[TransferRequest::read(local2.addr(), peer2, remote, 4096)],
+        )
+        .unwrap();
+    let started = std::time::Instant::now();
+    batch.wait(Duration::from_secs(30));
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Timeout
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    target.signal("CONT");
+    second
+        .transfer_sync(TransferRequest::read(local2.addr(), peer2, remote, 1 << 20))
+        .unwrap();
+    assert!(holds(&local2, 0, 7, 1 << 20));
+    assert!(target.finish().success(), "the target saw the write");
 }

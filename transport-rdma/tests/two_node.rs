@@ -340,7 +340,7 @@ fn striping_uses_both_nics() {
     let back = engine.allocate(CHUNKS * MIB, "cpu:0").unwrap();
     pattern.fill(&source, CHUNKS);
 
-    let (sent_before, bytes_before) = (counters("sent_pkts"), tern_bytes(&stats.stats()));
+    let (sent_before, bytes_before) = (counters("sent_pkts"), tern_bytes(&stats.nic_stats()));
     let started = Instant::now();
     for quarter in 0..4 {
         let range = quarter * CHUNKS / 4..(quarter + 1) * CHUNKS / 4;
@@ -353,9 +353,9 @@ fn striping_uses_both_nics() {
     }
     let wrote = started.elapsed();
     let sent = delta(counters("sent_pkts"), sent_before);
-    let written = delta(tern_bytes(&stats.stats()), bytes_before);
+    let written = delta(tern_bytes(&stats.nic_stats()), bytes_before);
 
-    let (rcvd_before, bytes_before) = (counters("rcvd_pkts"), tern_bytes(&stats.stats()));
+    let (rcvd_before, bytes_before) = (counters("rcvd_pkts"), tern_bytes(&stats.nic_stats()));
     let started = Instant::now();
     let statuses = run_batch(
         &engine,
@@ -365,7 +365,7 @@ fn striping_uses_both_nics() {
     assert_all_completed(&statuses, "reads");
     let read = started.elapsed();
     let received = delta(counters("rcvd_pkts"), rcvd_before);
-    let fetched = delta(tern_bytes(&stats.stats()), bytes_before);
+    let fetched = delta(tern_bytes(&stats.nic_stats()), bytes_before);
     node.note(&format!(
         "wrote {CHUNKS} MiB in {:.1} s ({:.1} MB/s), read it back in {:.1} s ({:.1} MB/s)",
         wrote.as_secs_f64(),
@@ -485,7 +485,7 @@ fn failover_when_a_link_goes_down_mid_transfer() {
     let (mut moved, mut per_nic) = (0, [0, 0]);
     while moved < (CHUNKS * MIB / 8) as u64 || per_nic.contains(&0) {
         std::thread::sleep(Duration::from_millis(20));
-        per_nic = tern_bytes(&stats.stats());
+        per_nic = tern_bytes(&stats.nic_stats());
         moved = batch.status().transferred_bytes;
         assert!(
             started.elapsed() < Duration::from_secs(120),
@@ -496,7 +496,7 @@ fn failover_when_a_link_goes_down_mid_transfer() {
     let link = LinkDown::new("tern1");
     let down_at = Instant::now();
     let at_down = batch.status();
-    let stats_at_down = stats.stats();
+    let stats_at_down = stats.nic_stats();
     node.note(&format!(
         "tern1 down after {:.1} s: {} of {CHUNKS} tasks completed, {} MiB moved, NICs {stats_at_down:?}",
         before_down.as_secs_f64(),
@@ -526,7 +526,7 @@ fn failover_when_a_link_goes_down_mid_transfer() {
     let statuses: Vec<TransferStatus> = (0..CHUNKS)
         .map(|t| batch.task_status(t).unwrap().status)
         .collect();
-    let after = stats.stats();
+    let after = stats.nic_stats();
     node.note(&format!(
         "after the link went down: the rest ({} MiB) took {:.1} s, the longest stall was {:.2} s (the first {} MiB took {:.1} s); {status:?}; NICs {after:?}",
         (CHUNKS as u64 * MIB as u64 - at_down.transferred_bytes) >> 20,
@@ -536,6 +536,11 @@ fn failover_when_a_link_goes_down_mid_transfer() {
         before_down.as_secs_f64()
     ));
     assert_all_completed(&statuses, "writes across the failover");
+    let rdma = &engine.stats().transports[0];
+    assert!(
+        rdma.retries > 0,
+        "slices moved to rxe0 are retries: {rdma:?}"
+    );
 
     // Read it all back over what is left.
     let back = engine.allocate(CHUNKS * MIB, "cpu:0").unwrap();
@@ -548,7 +553,7 @@ fn failover_when_a_link_goes_down_mid_transfer() {
     node.note(&format!(
         "read back over rxe0 in {:.1} s; NICs {:?}",
         started.elapsed().as_secs_f64(),
-        stats.stats()
+        stats.nic_stats()
     ));
     assert_all_completed(&statuses, "reads with link 1 down");
     pattern.check(&back, CHUNKS).unwrap();
@@ -679,7 +684,7 @@ fn a_killed_peer_fails_its_tasks_without_a_hang() {
         "every task ended {:.1} s after the kill ({:.1} s after the submit): {status:?}; NICs {:?}",
         killed.elapsed().as_secs_f64(),
         ended.as_secs_f64(),
-        stats.stats()
+        stats.nic_stats()
     ));
     node.publish("done", "");
     let failed: Vec<&TransferError> = statuses

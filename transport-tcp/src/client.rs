@@ -9,7 +9,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use tern_engine::{Opcode, Slice, TransferError};
+use tern_engine::{Opcode, PeerState, PeerStats, Slice, TransferError};
+use tern_metadata::auth::{self, Channel, ClusterSecret};
 
 use crate::TcpConfig;
 use crate::wire::{Header, OP_READ, OP_V2, OP_WRITE, Status};
@@ -29,8 +30,12 @@ pub(crate) struct Pool {
 struct PoolShared {
     endpoint: String,
     config: TcpConfig,
+    /// Proved to the peer on every new connection, before the first request.
+    secret: Option<ClusterSecret>,
     stop: Arc<AtomicBool>,
     last_connect_failure: Mutex<Option<(Instant, String)>>,
+    /// The last failure with this peer (connecting, or a connection breaking), for stats.
+    last_error: Mutex<Option<String>>,
     /// A clone of each lane's current connection, so shutdown can cut I/O in progress.
     open: Mutex<Vec<Option<TcpStream>>>,
 }
@@ -40,14 +45,21 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Pool {
-    pub(crate) fn start(endpoint: String, config: TcpConfig, stop: Arc<AtomicBool>) -> Arc<Self> {
+    pub(crate) fn start(
+        endpoint: String,
+        config: TcpConfig,
+        secret: Option<ClusterSecret>,
+        stop: Arc<AtomicBool>,
+    ) -> Arc<Self> {
         let (sender, receiver) = crossbeam_channel::unbounded();
         let lane_count = config_lanes(&config);
         let shared = Arc::new(PoolShared {
             endpoint,
             config,
+            secret,
             stop,
             last_connect_failure: Mutex::new(None),
+            last_error: Mutex::new(None),
             open: Mutex::new((0..lane_count).map(|_| None).collect()),
         });
         let mut lanes = Vec::new();
@@ -81,6 +93,18 @@ impl Pool {
                 }
             }
             None => slice.fail(TransferError::Dropped("TCP transport shut down".into())),
+        }
+    }
+
+    /// How this peer stands: open connections, and the last failure.
+    pub(crate) fn peer_stats(&self) -> PeerStats {
+        let endpoints = lock(&self.shared.open).iter().flatten().count();
+        let last_error = lock(&self.shared.last_error).clone();
+        PeerStats {
+            peer: self.shared.endpoint.clone(),
+            state: PeerState::of(endpoints, 0, last_error.is_some()),
+            endpoints,
+            last_error,
         }
     }
 
@@ -165,6 +189,7 @@ fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Slice>) {
         };
         if !run_pipelined(shared, stream, live) {
             connection = None;
+            lock(&shared.open)[lane] = None;
         }
     }
 }
@@ -236,6 +261,7 @@ fn run_pipelined(shared: &PoolShared, stream: &mut TcpStream, slices: Vec<Slice>
     match send_error {
         None => true,
         Some(e) => {
+            *lock(&shared.last_error) = Some(format!("{e} (mid-transfer)"));
             for slice in replies {
                 connection_failed(slice, &e);
             }
@@ -262,12 +288,16 @@ impl PoolShared {
             .unwrap_or_else(|p| p.into_inner());
         match &result {
             Ok(_) => *last = None,
-            Err(message) => *last = Some((Instant::now(), message.clone())),
+            Err(message) => {
+                *last = Some((Instant::now(), message.clone()));
+                *lock(&self.last_error) = Some(message.clone());
+            }
         }
         result
     }
 
     fn try_connect(&self) -> Result<TcpStream, String> {
+        let _span = tracing::debug_span!("tcp_connect", peer = %self.endpoint).entered();
         let addrs: Vec<SocketAddr> = self
             .endpoint
             .to_socket_addrs()
@@ -276,10 +306,20 @@ impl PoolShared {
         let mut last = "no address".to_owned();
         for addr in addrs {
             match TcpStream::connect_timeout(&addr, self.config.connect_timeout) {
-                Ok(stream) => {
+                Ok(mut stream) => {
+                    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+                    if let Some(secret) = &self.secret {
+                        // Part of connecting: bounded like it, before any request leaves.
+                        let bound = Some(self.config.connect_timeout.min(self.config.io_timeout));
+                        stream
+                            .set_read_timeout(bound)
+                            .and_then(|()| stream.set_write_timeout(bound))
+                            .map_err(|e| e.to_string())?;
+                        auth::client_handshake(&mut stream, secret, Channel::TcpData)
+                            .map_err(|e| format!("authentication failed: {e}"))?;
+                    }
                     let setup = stream
-                        .set_nodelay(true)
-                        .and_then(|()| stream.set_read_timeout(Some(self.config.io_timeout)))
+                        .set_read_timeout(Some(self.config.io_timeout))
                         .and_then(|()| stream.set_write_timeout(Some(self.config.io_timeout)));
                     return setup.map(|()| stream).map_err(|e| e.to_string());
                 }

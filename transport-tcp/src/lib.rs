@@ -27,7 +27,9 @@ use std::time::Duration;
 
 use tern_engine::{
     PortChoice, RegionInfo, SegmentDesc, Slice, Transport, TransportContext, TransportError,
+    TransportReport,
 };
+use tern_metadata::auth::ClusterSecret;
 
 pub use wire::{HEADER_LEN, Header, OP_READ, OP_V2, OP_WRITE, STATUS_MAGIC, Status};
 
@@ -104,6 +106,8 @@ pub struct TcpTransport {
 #[derive(Debug)]
 struct Running {
     config: TcpConfig,
+    /// The engine's cluster secret: every data connection, both ways, opens by proving it.
+    secret: Option<ClusterSecret>,
     stop: Arc<AtomicBool>,
     server: Mutex<Option<server::Server>>,
     local: SocketAddr,
@@ -132,6 +136,7 @@ impl TcpTransport {
                 client::Pool::start(
                     format!("{host}:{port}"),
                     running.config.clone(),
+                    running.secret.clone(),
                     running.stop.clone(),
                 )
             })
@@ -152,10 +157,12 @@ impl Transport for TcpTransport {
 
     fn start(&self, context: TransportContext) -> Result<(), TransportError> {
         let stop = Arc::new(AtomicBool::new(false));
+        let secret = context.cluster_secret().cloned();
         let server = server::Server::start(
             context.advertised_ip,
             context.registry,
             self.config.clone(),
+            secret.clone(),
             stop.clone(),
         )
         .map_err(|e| {
@@ -166,6 +173,7 @@ impl Transport for TcpTransport {
         })?;
         let running = Arc::new(Running {
             config: self.config.clone(),
+            secret,
             local: server.local_addr(),
             stop,
             server: Mutex::new(Some(server)),
@@ -212,6 +220,16 @@ impl Transport for TcpTransport {
             };
             pool.push(slice);
         }
+    }
+
+    fn report(&self) -> TransportReport {
+        let Some(running) = self.running.get() else {
+            return TransportReport::default();
+        };
+        let pools = running.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let mut peers: Vec<_> = pools.values().map(|pool| pool.peer_stats()).collect();
+        peers.sort_by(|a, b| a.peer.cmp(&b.peer));
+        TransportReport { retries: 0, peers }
     }
 
     fn shutdown(&self) {

@@ -1,4 +1,6 @@
-//! The data server: checks every request against registered memory, then moves the bytes.
+//! The data server: with a cluster secret, refuses every connection whose peer does not prove
+//! it knows it (before a header is read); then checks every request against registered memory
+//! and moves the bytes.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -7,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use tern_memreg::MemoryRegistry;
+use tern_metadata::auth::{self, Channel, ClusterSecret};
 use tern_metadata::net::{Acceptor, bind_listener};
 
 use crate::TcpConfig;
@@ -26,13 +29,14 @@ impl Server {
         ip: IpAddr,
         registry: Arc<MemoryRegistry>,
         config: TcpConfig,
+        secret: Option<ClusterSecret>,
         stop: Arc<AtomicBool>,
     ) -> io::Result<Self> {
         let listener = bind_listener(ip, config.ports)?;
         let name = format!("tern-tcp-{}", listener.local_addr()?.port());
         let flag = stop.clone();
         let acceptor = Acceptor::spawn(listener, name, stop, move |listener| {
-            accept_loop(listener, registry, config, flag)
+            accept_loop(listener, registry, config, secret, flag)
         })?;
         Ok(Self { acceptor })
     }
@@ -52,6 +56,7 @@ fn accept_loop(
     listener: TcpListener,
     registry: Arc<MemoryRegistry>,
     config: TcpConfig,
+    secret: Option<ClusterSecret>,
     stop: Arc<AtomicBool>,
 ) {
     let active = Arc::new(AtomicUsize::new(0));
@@ -84,9 +89,10 @@ fn accept_loop(
         let id = next_id;
         lock(&connections.sockets).push((id, handle));
         active.fetch_add(1, Ordering::AcqRel);
-        let (registry, config, stop, active, connections) = (
+        let (registry, config, secret, stop, active, connections) = (
             registry.clone(),
             config.clone(),
+            secret.clone(),
             stop.clone(),
             active.clone(),
             connections.clone(),
@@ -97,7 +103,7 @@ fn accept_loop(
                 let peer = stream
                     .peer_addr()
                     .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-                if let Err(reason) = serve(stream, &registry, &config, &stop)
+                if let Err(reason) = serve(stream, &registry, &config, secret.as_ref(), &stop)
                     && !stop.load(Ordering::Acquire)
                 {
                     tracing::warn!("tcp data connection from {peer} dropped: {reason}");
@@ -129,12 +135,24 @@ fn serve(
     mut stream: TcpStream,
     registry: &MemoryRegistry,
     config: &TcpConfig,
+    secret: Option<&ClusterSecret>,
     stop: &AtomicBool,
 ) -> Result<(), String> {
     stream.set_nodelay(true).map_err(|e| e.to_string())?;
     stream
         .set_write_timeout(Some(config.io_timeout))
         .map_err(|e| e.to_string())?;
+    if let Some(secret) = secret {
+        // A peer that never speaks holds its slot no longer than the exchange's bound.
+        stream
+            .set_read_timeout(Some(config.io_timeout.min(auth::EXCHANGE_TIMEOUT)))
+            .map_err(|e| e.to_string())?;
+        match auth::server_handshake(&mut stream, secret, Channel::TcpData) {
+            Ok(()) => {}
+            Err(e) if e.is_silent_close() => return Ok(()),
+            Err(e) => return Err(format!("refused, nothing served: {e}")),
+        }
+    }
     loop {
         if stop.load(Ordering::Acquire) {
             return Ok(());
@@ -150,6 +168,12 @@ fn serve(
             .map_err(|e| e.to_string())?;
         let op = header.operation();
         if op != OP_READ && op != OP_WRITE {
+            if header.size.to_le_bytes() == auth::MAGIC {
+                return Err(
+                    "the peer wants to authenticate with a cluster secret and this node has none"
+                        .into(),
+                );
+            }
             return Err(format!("unknown opcode {:#04x}", header.opcode));
         }
         let pin = usize::try_from(header.size)

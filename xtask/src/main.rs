@@ -10,6 +10,9 @@
 //! It must not hold product logic: it only drives cargo, apt and the benchmark binary.
 #![forbid(unsafe_code)]
 
+mod fuzz;
+mod memcheck;
+mod soak;
 mod softroce;
 
 use std::io::{Read, Write};
@@ -31,7 +34,7 @@ struct Package {
 enum Group {
     /// Needed to build the whole workspace (C libraries and code generators).
     Build,
-    /// Servers the tests start (etcd).
+    /// Servers and tools the tests run (etcd, valgrind).
     Services,
     /// Benchmark baselines.
     Bench,
@@ -79,6 +82,11 @@ const PACKAGES: &[Package] = &[
         name: "etcd-client",
         group: Group::Services,
         why: "etcdctl, for people poking at it",
+    },
+    Package {
+        name: "valgrind",
+        group: Group::Services,
+        why: "memcheck, under which `cargo xtask memcheck` runs the TCP transfer tests",
     },
     Package {
         name: "iperf3",
@@ -130,9 +138,12 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("etcd") => etcd_for_people(&args[1..]),
         Some("softroce") => softroce_command(&args[1..]),
+        Some("fuzz") => fuzz::command(&args[1..]),
+        Some("soak") => soak::command(&args[1..]),
+        Some("memcheck") => memcheck::command(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick] [--rdma-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked"
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick] [--rdma-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked\n  soak --minutes N [--processes K] [--rdma] [--release]  random verified transfers, K processes; fails on errors or growth\n  memcheck  the TCP transfer tests under valgrind memcheck\n  fuzz [--seconds N] [--target NAME] [--stable]  every fuzz target for N s (default 60); fails on a crash"
             );
             return ExitCode::from(2);
         }
@@ -248,6 +259,9 @@ fn test(extra: &[String]) -> Result<(), String> {
     let outcome = run(tests, "cargo test --workspace");
     drop(etcd);
     outcome?;
+    fuzz::smoke()?; // every fuzz target for a few seconds
+    memcheck::command(&[])?; // ~3 min
+    soak::command(&["--minutes".into(), "1".into()])?; // 1 min over TCP
     // The RDMA suites need real verbs: they run again inside the Soft-RoCE guest, where the
     // tests marked "needs Soft-RoCE" are included.
     deps(&[Group::Guest])?;

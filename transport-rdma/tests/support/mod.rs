@@ -85,6 +85,15 @@ impl Helper {
         self.child.wait().unwrap()
     }
 
+    /// Sends it `signal` (`STOP`, `CONT`, …) with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args(["-s", signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -s {signal}: {status}");
+    }
+
     /// Kills it at once (SIGKILL).
     pub fn kill(&mut self) {
         let _ = self.child.kill();

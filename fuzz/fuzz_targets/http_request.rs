@@ -1,0 +1,36 @@
+//! Requests to the HTTP metadata server (Mooncake's protocol: `<METHOD> <path>?key=<escaped
+//! key> HTTP/1.1`, headers, a `Content-Length` body): `tern_metadata::http::parse_request`,
+//! which the server runs on every connection. Properties: an accepted request has a method
+//! and a non-empty key, its body is the bytes just before where parsing stopped, and written
+//! again the way `HttpStore` writes requests it parses back equal; `escape` → `unescape` is
+//! the identity on any text.
+#![cfg_attr(fuzzing, no_main)]
+
+use tern_metadata::http::{escape, parse_request, unescape};
+
+tern_fuzz::target!(|data| {
+    if let Ok(text) = std::str::from_utf8(data) {
+        assert_eq!(unescape(&escape(text)).as_deref(), Some(text));
+    }
+    let mut reader = data;
+    let Ok(request) = parse_request(&mut reader) else {
+        return;
+    };
+    assert!(!request.key.is_empty());
+    assert!(!request.method.is_empty() && !request.method.contains(char::is_whitespace));
+    let consumed = data.len() - reader.len();
+    assert_eq!(
+        &data[consumed - request.body.len()..consumed],
+        &request.body[..]
+    );
+    let mut again = format!(
+        "{} /metadata?key={} HTTP/1.1\r\nHost: h:1\r\nContent-Length: {}\r\n\r\n",
+        request.method,
+        escape(&request.key),
+        request.body.len()
+    )
+    .into_bytes();
+    again.extend_from_slice(&request.body);
+    let reparsed = parse_request(&mut &again[..]).expect("a request as HttpStore writes it");
+    assert_eq!(reparsed, request);
+});
