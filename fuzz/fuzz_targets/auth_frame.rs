@@ -7,7 +7,11 @@ use tern_metadata::auth::{AuthFrame, Channel, ClusterSecret, ServerExchange, dec
 
 tern_fuzz::target!(|data| {
     if let Ok(frame) = decode_frame(data) {
-        assert_eq!(frame.encode(), data, "a decoded frame re-encodes to its bytes");
+        assert_eq!(
+            frame.encode(),
+            data,
+            "a decoded frame re-encodes to its bytes"
+        );
         assert_eq!(decode_frame(&frame.encode()).ok(), Some(frame.clone()));
         assert_eq!(frame.encode().len(), frame.kind().frame_len());
     }
