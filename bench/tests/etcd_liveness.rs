@@ -4,11 +4,10 @@
 #[path = "support/target.rs"]
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::Target;
+use support::{Target, metadata_server};
 use tern_testkit::etcd;
 use tern_testkit::etcd::{eventually, get, unique};
 
@@ -79,26 +78,12 @@ fn sigkill_loses_the_keys_within_the_ttl() {
 
 #[test]
 fn tern_bench_runs_against_the_http_metadata_server() {
-    let mut server = Command::new(env!("CARGO_BIN_EXE_tern-metadata-server"))
-        .args(["--bind", "127.0.0.1", "--port", "0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("serving ")
-        .expect("server started")
-        .to_owned();
+    let (_server, addr) = metadata_server();
+    let url = format!("http://{addr}/metadata");
     let name = unique("http-target");
     let mut child = target(&url, &name, "10");
     let result = initiator(&url, &name, "read");
     assert!(result["bytes"].as_u64().unwrap() > 0);
     let (status, stderr) = child.stop("TERM");
     assert!(status.success(), "{status}: {stderr}");
-    server.kill().unwrap();
-    server.wait().unwrap();
 }

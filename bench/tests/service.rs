@@ -9,16 +9,15 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use support::{Target, drain, send_signal};
+use support::{Reaped, Target, drain, metadata_server, send_signal};
 use tern_testkit::etcd;
 use tern_testkit::etcd::{get, unique};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_tern-bench");
-const METADATA_SERVER: &str = env!("CARGO_BIN_EXE_tern-metadata-server");
 
 /// The real initiator binary against `segment` for `seconds`, verifying every block.
 fn initiator(metadata: &str, segment: &str, seconds: &str) -> serde_json::Value {
@@ -79,39 +78,6 @@ fn http(addr: &str, method: &str, key: &str, body: &str) -> (u16, String) {
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default();
     (status, body)
-}
-
-/// A process killed (SIGKILL) when dropped, so that a failing test leaves nothing running.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A `tern-metadata-server` on a free loopback port, stdin `/dev/null`; returns it and its
-/// `host:port`.
-fn metadata_server() -> (Reaped, String) {
-    let mut server = Command::new(METADATA_SERVER)
-        .args(["--bind", "127.0.0.1", "--port", "0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("serving http://")
-        .and_then(|rest| rest.strip_suffix("/metadata"))
-        .unwrap_or_else(|| panic!("server did not start: {line:?}"))
-        .to_owned();
-    (Reaped(server), addr)
 }
 
 #[test]

@@ -471,23 +471,13 @@ impl Shared {
         if let Some(ep) = store.get(key) {
             return Ok(ep);
         }
-        let cq = &slot
-            .workers
-            .get(worker)
-            .ok_or_else(|| format!("no worker #{worker}"))?
-            .cq;
-        let ep = Arc::new(
-            Endpoint::create(
-                key.clone(),
-                &slot.nic,
-                worker,
-                cq,
-                self.config.qps_per_endpoint,
-                self.caps,
-                State::Connecting,
-            )
-            .map_err(|e| format!("creating QPs on {}: {e}", slot.nic.name))?,
-        );
+        let ep = self.new_endpoint(
+            slot,
+            key,
+            worker,
+            self.config.qps_per_endpoint,
+            State::Connecting,
+        )?;
         let displaced = store.insert(ep.clone());
         drop(store);
         self.retire_displaced(displaced);
@@ -517,6 +507,25 @@ impl Shared {
             return Err(format!("cannot start a handshake thread: {e}"));
         }
         Ok(ep)
+    }
+
+    /// A new endpoint of `count` QPs on `slot`'s NIC, reporting to `worker`'s CQ.
+    fn new_endpoint(
+        &self,
+        slot: &NicSlot,
+        key: &Arc<str>,
+        worker: usize,
+        count: usize,
+        state: State,
+    ) -> Result<Arc<Endpoint>, String> {
+        let cq = &slot
+            .workers
+            .get(worker)
+            .ok_or_else(|| format!("no worker #{worker}"))?
+            .cq;
+        Endpoint::create(key.clone(), &slot.nic, worker, cq, count, self.caps, state)
+            .map(Arc::new)
+            .map_err(|e| format!("cannot create QPs on {}: {e}", slot.nic.name))
     }
 
     fn my_desc(&self, nic: usize, peer_path: &str, qp_num: Vec<u32>) -> HandshakeDesc {
@@ -644,19 +653,7 @@ impl Shared {
                 } else {
                     State::Ready
                 };
-                let cq = &slot.workers[worker].cq;
-                let ep = Arc::new(
-                    Endpoint::create(
-                        key.clone(),
-                        &slot.nic,
-                        worker,
-                        cq,
-                        remote.qps.len(),
-                        self.caps,
-                        state,
-                    )
-                    .map_err(|e| format!("cannot create QPs on {}: {e}", slot.nic.name))?,
-                );
+                let ep = self.new_endpoint(slot, &key, worker, remote.qps.len(), state)?;
                 ep.connect(&slot.nic, &remote, &self.template)?;
                 let displaced = store.insert(ep.clone());
                 drop(store);

@@ -257,74 +257,51 @@ fn bad_connection_messages_are_rejected_and_touch_nothing() {
         ready_ack: Some(false),
         ..HandshakeDesc::default()
     };
+    let body = |desc: HandshakeDesc| String::from_utf8(desc.to_body()).unwrap();
     let qps_before = tern_verbs::live_queue_pairs();
     let cases: Vec<(String, &str)> = vec![
         ("{\"local_gid\": ".into(), "malformed"),
         ("[1, 2, 3]\n".into(), "malformed"),
         (
-            String::from_utf8(
-                HandshakeDesc {
-                    peer_nic_path: format!("{}@mlx5_9", engine.segment_name()),
-                    ..good.clone()
-                }
-                .to_body(),
-            )
-            .unwrap(),
+            body(HandshakeDesc {
+                peer_nic_path: format!("{}@mlx5_9", engine.segment_name()),
+                ..good.clone()
+            }),
             "mlx5_9",
         ),
         (
-            String::from_utf8(
-                HandshakeDesc {
-                    peer_nic_path: format!("10.1.1.1:1@{}", device()),
-                    ..good.clone()
-                }
-                .to_body(),
-            )
-            .unwrap(),
+            body(HandshakeDesc {
+                peer_nic_path: format!("10.1.1.1:1@{}", device()),
+                ..good.clone()
+            }),
             "10.1.1.1:1",
         ),
         (
-            String::from_utf8(
-                HandshakeDesc {
-                    qp_num: vec![],
-                    ..good.clone()
-                }
-                .to_body(),
-            )
-            .unwrap(),
+            body(HandshakeDesc {
+                qp_num: vec![],
+                ..good.clone()
+            }),
             "QP",
         ),
         (
-            String::from_utf8(
-                HandshakeDesc {
-                    qp_num: (1..=65).collect(),
-                    ..good.clone()
-                }
-                .to_body(),
-            )
-            .unwrap(),
+            body(HandshakeDesc {
+                qp_num: (1..=65).collect(),
+                ..good.clone()
+            }),
             "QP",
         ),
         (
-            String::from_utf8(
-                HandshakeDesc {
-                    local_gid: "not a gid".into(),
-                    ..good.clone()
-                }
-                .to_body(),
-            )
-            .unwrap(),
+            body(HandshakeDesc {
+                local_gid: "not a gid".into(),
+                ..good.clone()
+            }),
             "GID",
         ),
         (
-            String::from_utf8(
-                HandshakeDesc {
-                    ready_ack: Some(true),
-                    ..good.clone()
-                }
-                .to_body(),
-            )
-            .unwrap(),
+            body(HandshakeDesc {
+                ready_ack: Some(true),
+                ..good.clone()
+            }),
             "ready ACK",
         ),
     ];

@@ -1,5 +1,6 @@
-//! Starts `tern-bench --mode=target` as its own process, the way a script does (stdin
-//! `/dev/null`), reads the segment name it prints, and stops it with a signal.
+//! Starts `tern-bench --mode=target` (and `tern-metadata-server`) as its own process, the way
+//! a script does (stdin `/dev/null`), reads the segment name it prints, and stops it with a
+//! signal.
 
 #![allow(dead_code)]
 
@@ -90,4 +91,37 @@ pub fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
         let _ = pipe.read_to_string(&mut text);
         text
     })
+}
+
+/// A process killed (SIGKILL) when dropped, so that a failing test leaves nothing running.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A `tern-metadata-server` on a free loopback port, stdin `/dev/null`; returns it and its
+/// `host:port`.
+pub fn metadata_server() -> (Reaped, String) {
+    let mut server = Command::new(env!("CARGO_BIN_EXE_tern-metadata-server"))
+        .args(["--bind", "127.0.0.1", "--port", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("serving http://")
+        .and_then(|rest| rest.strip_suffix("/metadata"))
+        .unwrap_or_else(|| panic!("server did not start: {line:?}"))
+        .to_owned();
+    (Reaped(server), addr)
 }
