@@ -9,9 +9,11 @@
 //!   containing-range lookup in O(log n);
 //! - [`Region`] and [`MemoryRegistry`]: registered memory, with pins ([`RegionPin`]) that keep a
 //!   region from being unregistered while a transfer still touches it, and the only safe way
-//!   for a transport to read or write those bytes.
+//!   for a transport to read or write those bytes: [`RegionSlice`] (pointer and length, never
+//!   a Rust reference) moved by system calls on a file descriptor ([`RegionIo`]) or by copies.
 //!
-//! It must not know about sockets, verbs, descriptors or the engine. Together with `tern-verbs`
+//! It must not know about protocols, descriptors or the engine: it moves bytes to and from
+//! file descriptors and NICs' memory registrations, and nothing above that. Together with `tern-verbs`
 //! it is one of the two crates allowed `unsafe`; every block names the invariant it relies on.
 
 mod buffer;
@@ -24,4 +26,7 @@ mod region;
 pub use buffer::{AlignedBuffer, HUGE_PAGE_SIZE, PAGE_SIZE, PretouchPolicy};
 pub use map::{MapError, RegionMap};
 pub use numa::{numa_node_of, resolve_location};
-pub use region::{MemoryError, MemoryRegistry, Region, RegionInfo, RegionPin, RegisterRaw};
+pub use region::{
+    MemoryError, MemoryRegistry, Region, RegionInfo, RegionIo, RegionPin, RegionSlice, RegisterRaw,
+    Staged,
+};

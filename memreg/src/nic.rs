@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use tern_verbs::{Access, MemoryRegion, ProtectionDomain, VerbsError};
+use tern_verbs::{Access, MemoryGuard, MemoryRegion, ProtectionDomain, VerbsError};
 
 use crate::region::RegionPin;
 
@@ -20,6 +20,18 @@ pub struct NicKeys {
     pub lkeys: Vec<u32>,
     /// Keys peers use (what a descriptor's `rkey` array holds).
     pub rkeys: Vec<u32>,
+}
+
+// SAFETY: a pin keeps its region registered (`MemoryRegistry::unregister` refuses while any
+// pin lives, and pins are only taken under the registry's lock or cloned from a live pin) and
+// the region itself alive (the pin holds its `Arc`). While registered, a raw region's bytes
+// are valid for any access by `Region::from_raw`'s contract; an owned region's bytes live in
+// its buffer, freed only with the region. Neither is used as Rust objects by Tern (module
+// docs of `region`). The span is the region's fixed range.
+unsafe impl MemoryGuard for RegionPin {
+    fn span(&self) -> (usize, usize) {
+        (self.info().addr, self.info().len)
+    }
 }
 
 /// The memory regions of one registration, held by the region they describe.

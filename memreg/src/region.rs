@@ -2,12 +2,18 @@
 //!
 //! The bytes of a registered region are shared: a peer may write them over the network while
 //! the application reads them, just as an RDMA NIC would. Tern therefore treats them as raw
-//! bytes, never as Rust objects, and touches them only for the span of one copy or one socket
-//! call, through a [`RegionPin`]. Concurrent transfers to overlapping bytes leave those bytes
-//! unspecified (as with DMA); they never touch memory outside a registered region.
+//! bytes, never as Rust objects: no `&[u8]` or `&mut [u8]` is ever made over them. They are
+//! reached through a [`RegionSlice`] — a pointer and a length, with the provenance of the
+//! region's own base pointer — by system calls (`recv`, `sendmsg`) that the kernel carries
+//! out, and by raw copies to and from the caller's own buffers. Concurrent transfers to
+//! overlapping bytes leave those bytes unspecified (as with DMA); they never touch memory
+//! outside a registered region.
 
 use std::any::Any;
 use std::io::{self, Read, Write};
+use std::marker::PhantomData;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -124,12 +130,21 @@ type Attachment = Box<dyn Any + Send + Sync>;
 #[derive(Debug)]
 pub struct Region {
     info: RegionInfo,
+    /// The start, as the pointer it was registered with: every access derives from it.
+    base: NonNull<u8>,
     /// Dropped when the region is unregistered, or with the region; declared before `owner`
     /// so that they go before the memory they describe.
     attachments: Mutex<Vec<Attachment>>,
     owner: Option<AlignedBuffer>,
     pins: AtomicUsize,
 }
+
+// SAFETY: the region's bytes are only reached through raw pointers derived from `base` by
+// copies and system calls (module docs), never through references, so no thread affinity or
+// aliasing assumption attaches to them; the rest is plain data, atomics and a mutex.
+unsafe impl Send for Region {}
+// SAFETY: see Send.
+unsafe impl Sync for Region {}
 
 impl Region {
     /// A region over memory Tern does not own.
@@ -154,6 +169,7 @@ impl Region {
                 location: location.into(),
                 remote_accessible,
             },
+            base: NonNull::new(addr).unwrap_or(NonNull::dangling()),
             attachments: Mutex::new(Vec::new()),
             owner: None,
             pins: AtomicUsize::new(0),
@@ -173,6 +189,7 @@ impl Region {
                 location: location.into(),
                 remote_accessible,
             },
+            base: NonNull::new(buffer.as_ptr()).unwrap_or(NonNull::dangling()),
             attachments: Mutex::new(Vec::new()),
             owner: Some(buffer),
             pins: AtomicUsize::new(0),
@@ -315,13 +332,12 @@ impl RegionPin {
         lock(&self.region.attachments).push(attachment);
     }
 
-    /// Checks that `[addr, addr + len)` lies in the region and returns its start pointer.
-    fn span(&self, addr: usize, len: usize) -> Result<*mut u8, MemoryError> {
-        let info = &self.region.info;
-        let inside = addr >= info.addr
-            && addr
-                .checked_add(len)
-                .is_some_and(|end| end <= info.addr + info.len);
+    /// The bytes `[addr, addr + len)` of the pinned region, checked to lie inside it.
+    pub fn slice(&self, addr: usize, len: usize) -> Result<RegionSlice<'_>, MemoryError> {
+        let region = &*self.region;
+        let info = &region.info;
+        let offset = addr.wrapping_sub(info.addr);
+        let inside = addr >= info.addr && offset.checked_add(len).is_some_and(|e| e <= info.len);
         if !inside {
             return Err(MemoryError::OutOfRange {
                 addr,
@@ -330,84 +346,243 @@ impl RegionPin {
                 region_len: info.len,
             });
         }
-        Ok(addr as *mut u8)
+        // SAFETY: `offset + len <= info.len` (checked), so the result stays inside the
+        // allocation `base` points to (a registered range is one allocation or mapping, by
+        // `Region::from_raw`'s contract or by ownership of the buffer).
+        let ptr = unsafe { region.base.add(offset) };
+        Ok(RegionSlice {
+            ptr,
+            len,
+            _pin: PhantomData,
+        })
     }
 
-    fn span_io(&self, addr: usize, len: usize) -> io::Result<*mut u8> {
-        self.span(addr, len)
+    fn slice_io(&self, addr: usize, len: usize) -> io::Result<RegionSlice<'_>> {
+        self.slice(addr, len)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
     }
 
-    /// Fills `[addr, addr + len)` straight from `reader` (no staging copy).
+    /// Fills `[addr, addr + len)` straight from `source` (no staging copy for sockets).
     pub fn read_exact_from(
         &self,
         addr: usize,
         len: usize,
-        reader: &mut impl Read,
+        source: &mut impl RegionIo,
     ) -> io::Result<()> {
-        let ptr = self.span_io(addr, len)?;
-        // SAFETY: `span` checked the range lies inside the region; the pin keeps the region
-        // registered, and registration (`Region::from_raw`'s contract, or ownership) keeps the
-        // memory valid for writes. The slice lives only for this call; u8 has no invalid
-        // values, so concurrent writers can only make the bytes unspecified (module docs).
-        let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-        reader.read_exact(bytes)
+        let mut rest = self.slice_io(addr, len)?;
+        while !rest.is_empty() {
+            match source.read_into(rest) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => rest = rest.skip(n.min(rest.len())),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
-    /// Sends `[addr, addr + len)` straight to `writer` (no staging copy).
-    pub fn write_all_to(&self, addr: usize, len: usize, writer: &mut impl Write) -> io::Result<()> {
-        let ptr = self.span_io(addr, len)?;
-        // SAFETY: as in `read_exact_from`: range checked, memory valid while pinned, slice
-        // confined to this call.
-        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-        writer.write_all(bytes)
-    }
-
-    /// Sends `prefix` and then `[addr, addr + len)` to `writer`, gathered into as few system
-    /// calls as the writer allows (a request header and its body in one packet).
+    /// Sends `prefix` and then `[addr, addr + len)` to `sink`, gathered into as few system
+    /// calls as it allows (a request header and its body in one packet).
     pub fn write_prefixed_to(
         &self,
         prefix: &[u8],
         addr: usize,
         len: usize,
-        writer: &mut impl Write,
+        sink: &mut impl RegionIo,
     ) -> io::Result<()> {
-        let ptr = self.span_io(addr, len)?;
-        // SAFETY: as in `read_exact_from`: range checked, memory valid while pinned, slice
-        // confined to this call.
-        let body = unsafe { std::slice::from_raw_parts(ptr, len) };
-        let (mut head, mut body) = (prefix, body);
+        let (mut head, mut body) = (prefix, self.slice_io(addr, len)?);
         while !head.is_empty() || !body.is_empty() {
-            let written =
-                match writer.write_vectored(&[io::IoSlice::new(head), io::IoSlice::new(body)]) {
-                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                };
+            let written = match sink.write_from(head, body) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
             let from_head = written.min(head.len());
             head = &head[from_head..];
-            body = &body[written - from_head..];
+            body = body.skip((written - from_head).min(body.len()));
         }
         Ok(())
     }
 
     /// Copies `dst.len()` bytes starting at `addr` out of the region.
     pub fn copy_to_slice(&self, addr: usize, dst: &mut [u8]) -> Result<(), MemoryError> {
-        let ptr = self.span(addr, dst.len())?;
-        // SAFETY: the source range is inside the pinned region (checked), `dst` is a distinct
-        // exclusive borrow, so the two cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(ptr, dst.as_mut_ptr(), dst.len()) };
+        self.slice(addr, dst.len())?.copy_to(dst);
         Ok(())
     }
 
     /// Copies `src` into the region starting at `addr`.
     pub fn copy_from_slice(&self, addr: usize, src: &[u8]) -> Result<(), MemoryError> {
-        let ptr = self.span(addr, src.len())?;
-        // SAFETY: the destination range is inside the pinned region (checked); `src` is a
-        // Rust borrow and cannot alias registered memory handed out mutably elsewhere.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr, src.len()) };
+        self.slice(addr, src.len())?.copy_from(src);
         Ok(())
+    }
+}
+
+/// Some bytes of a pinned region: a pointer (with the provenance of the region's base) and a
+/// length, never a Rust reference, since peers, NICs and other connections may write these
+/// bytes at any moment. Valid for as long as the pin it came from is borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct RegionSlice<'a> {
+    ptr: NonNull<u8>,
+    len: usize,
+    _pin: PhantomData<&'a RegionPin>,
+}
+
+impl RegionSlice<'_> {
+    /// Bytes in the slice.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slice has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The slice without its first `n` bytes (empty when `n >= len`).
+    pub fn skip(self, n: usize) -> Self {
+        let n = n.min(self.len);
+        Self {
+            // SAFETY: `n <= len`, so the pointer stays inside (or one past) the slice.
+            ptr: unsafe { self.ptr.add(n) },
+            len: self.len - n,
+            _pin: PhantomData,
+        }
+    }
+
+    /// The first `n` bytes (all of them when `n >= len`).
+    pub fn take(self, n: usize) -> Self {
+        Self {
+            len: n.min(self.len),
+            ..self
+        }
+    }
+
+    /// Copies the first `dst.len()` bytes (at most `len`) into `dst`; returns how many.
+    pub fn copy_to(&self, dst: &mut [u8]) -> usize {
+        let n = dst.len().min(self.len);
+        // SAFETY: the source is valid for `n` reads (inside a pinned region, whose bytes stay
+        // valid while pinned); `dst` is the caller's exclusive borrow, which cannot overlap
+        // registered memory handed out as a slice (none ever is).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), dst.as_mut_ptr(), n) };
+        n
+    }
+
+    /// Copies `src` (at most `len` bytes of it) to the start of the slice; returns how many.
+    pub fn copy_from(&self, src: &[u8]) -> usize {
+        let n = src.len().min(self.len);
+        // SAFETY: the destination is valid for `n` writes (inside a pinned region); `src` is
+        // a Rust borrow, so it is not registered memory reached through a reference.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr(), n) };
+        n
+    }
+
+    /// One `recv(2)` from `fd` into the slice; returns the bytes received (0: end of stream).
+    pub fn recv_from(&self, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        // SAFETY: the kernel writes at most `len` bytes at `ptr`, all inside the pinned region
+        // (valid for writes while pinned); no Rust reference to those bytes exists.
+        let got = unsafe { libc::recv(fd.as_raw_fd(), self.ptr.as_ptr().cast(), self.len, 0) };
+        if got < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(got as usize)
+    }
+
+    /// One `sendmsg(2)` of `prefix` and then the slice to `fd` (without SIGPIPE); returns the
+    /// bytes sent, prefix included.
+    pub fn send_to(&self, fd: BorrowedFd<'_>, prefix: &[u8]) -> io::Result<usize> {
+        let mut iov = [
+            libc::iovec {
+                iov_base: prefix.as_ptr().cast_mut().cast(),
+                iov_len: prefix.len(),
+            },
+            libc::iovec {
+                iov_base: self.ptr.as_ptr().cast(),
+                iov_len: self.len,
+            },
+        ];
+        let skip = usize::from(prefix.is_empty());
+        // SAFETY: msghdr is plain data; zero is valid (no name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov[skip..].as_mut_ptr();
+        msg.msg_iovlen = 2 - skip;
+        // SAFETY: both iovecs describe readable memory for the call's duration: `prefix` is
+        // borrowed, the slice lies in the pinned region; the kernel only reads them.
+        let sent = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(sent as usize)
+    }
+}
+
+/// A byte stream that registered memory is read into and written from without a Rust
+/// reference to it: sockets through [`RegionSlice::recv_from`] and
+/// [`RegionSlice::send_to`], anything else through [`Staged`]'s bounce buffer.
+pub trait RegionIo {
+    /// Reads some bytes into `dst`; returns how many (0 at end of stream).
+    fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize>;
+
+    /// Writes `prefix` and then `src`, as much as one call takes; returns how many bytes.
+    fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize>;
+}
+
+impl RegionIo for std::net::TcpStream {
+    fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize> {
+        dst.recv_from(self.as_fd())
+    }
+
+    fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {
+        src.send_to(self.as_fd(), prefix)
+    }
+}
+
+impl RegionIo for std::os::unix::net::UnixStream {
+    fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize> {
+        dst.recv_from(self.as_fd())
+    }
+
+    fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {
+        src.send_to(self.as_fd(), prefix)
+    }
+}
+
+/// Any `Read + Write` as a [`RegionIo`], through a bounce buffer: one more copy, for tests,
+/// fuzzing and in-memory streams.
+#[derive(Debug)]
+pub struct Staged<T> {
+    /// The stream.
+    pub inner: T,
+    bounce: Vec<u8>,
+}
+
+impl<T> Staged<T> {
+    /// Wraps `inner`.
+    pub fn new(inner: T) -> Self {
+        Self {
+            inner,
+            bounce: Vec::new(),
+        }
+    }
+}
+
+/// The bounce buffer's size: bytes moved per call.
+const BOUNCE: usize = 64 << 10;
+
+impl<T: Read + Write> RegionIo for Staged<T> {
+    fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize> {
+        self.bounce.resize(dst.len().min(BOUNCE), 0);
+        let got = self.inner.read(&mut self.bounce)?;
+        Ok(dst.copy_from(&self.bounce[..got]))
+    }
+
+    fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {
+        if !prefix.is_empty() {
+            return self.inner.write(prefix);
+        }
+        self.bounce.resize(src.len().min(BOUNCE), 0);
+        let n = src.copy_to(&mut self.bounce);
+        self.inner.write(&self.bounce[..n])
     }
 }
 
@@ -599,18 +774,24 @@ mod tests {
         let mut out = [0u8; 5];
         pin.copy_to_slice(base + 100, &mut out).unwrap();
         assert_eq!(&out, b"hello");
-        let mut sink = Vec::new();
-        pin.write_all_to(base + 100, 5, &mut sink).unwrap();
-        assert_eq!(sink, b"hello");
-        pin.read_exact_from(base + 4090, 6, &mut &b"world!"[..])
+        let mut sink = Staged::new(std::io::Cursor::new(Vec::new()));
+        pin.write_prefixed_to(b">", base + 100, 5, &mut sink)
             .unwrap();
+        assert_eq!(sink.inner.get_ref(), b">hello");
+        let mut source = Staged::new(std::io::Cursor::new(b"world!".to_vec()));
+        pin.read_exact_from(base + 4090, 6, &mut source).unwrap();
         pin.copy_to_slice(base + 4090, &mut out).unwrap();
         assert_eq!(&out, b"world");
         assert!(matches!(
             pin.copy_from_slice(base + 4095, b"xy"),
             Err(MemoryError::OutOfRange { .. })
         ));
-        assert!(pin.write_all_to(usize::MAX, 2, &mut sink).is_err());
+        assert!(
+            pin.write_prefixed_to(&[], usize::MAX, 2, &mut sink)
+                .is_err()
+        );
+        assert!(pin.slice(base - 1, 1).is_err());
+        assert!(pin.slice(base, usize::MAX).is_err());
     }
 
     #[test]

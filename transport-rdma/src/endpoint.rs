@@ -10,7 +10,14 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use tern_memreg::RegionPin;
 use tern_verbs::{CompletionQueue, Gid, PathConfig, Peer, QpCaps, QueuePair, VerbsError};
+
+use crate::worker::Job;
+
+/// The QPs of an endpoint: each work request holds a pin on its local region (so the region
+/// stays registered until the request is retired) and carries its job.
+pub(crate) type DataQp = QueuePair<RegionPin, Job>;
 
 use crate::nic::{Nic, mtu_enum};
 use crate::sieve::Sieve;
@@ -67,7 +74,7 @@ pub(crate) struct Endpoint {
     pub nic: usize,
     /// The worker whose completion queue the QPs report to.
     pub worker: usize,
-    pub qps: Vec<QueuePair>,
+    pub qps: Vec<DataQp>,
     state: AtomicU8,
     /// Serialises QP state changes, which the worker, a handshake thread and the RPC
     /// server may attempt at once.
@@ -91,7 +98,7 @@ impl Endpoint {
     ) -> Result<Self, VerbsError> {
         let mut qps = Vec::with_capacity(count);
         for _ in 0..count {
-            let qp = QueuePair::new_rc(&nic.pd, cq, caps)?;
+            let qp = DataQp::new_rc(&nic.pd, cq, caps)?;
             qp.to_init(nic.port)?;
             qps.push(qp);
         }
@@ -109,7 +116,7 @@ impl Endpoint {
     }
 
     pub fn qp_nums(&self) -> Vec<u32> {
-        self.qps.iter().map(QueuePair::qp_num).collect()
+        self.qps.iter().map(DataQp::qp_num).collect()
     }
 
     /// The peer QPs this endpoint is connected to (empty before it is).

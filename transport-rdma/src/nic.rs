@@ -103,6 +103,9 @@ pub(crate) fn sizing(config: &RdmaConfig, nics: &[Nic]) -> Sizing {
             max_recv_wr: 1,
             max_sge: 1,
             max_inline: 0,
+            // One request in 32 produces a completion (and the last of each chain), so a long
+            // chain frees its queue slots before it ends.
+            ..QpCaps::default()
         },
         template: PathConfig {
             timeout: config.ack_timeout,

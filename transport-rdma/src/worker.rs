@@ -3,11 +3,14 @@
 //! (signalling only every so often and the last of a chain), polls its CQ and reports each
 //! slice to the engine. Nothing on that path takes a lock shared with other workers.
 //!
-//! A work request's completion tells the worker about every request posted before it on the
-//! same QP (RC completes in order), so each QP keeps a FIFO of what is in flight; an error
-//! completion names the request that failed, and the QP, now in the error state, flushes
-//! the rest one by one. A retired endpoint is dropped (its QPs destroyed) only once its
-//! FIFOs are empty, so no completion can arrive for a QP that no longer exists.
+//! What is in flight on a QP lives in the QP's own ledger (`tern_verbs::ledger`): each work
+//! request carries its job and a pin on its local region, and a completion retires its
+//! request and every older one (RC completes in order); an error completion names the
+//! request that failed, and the QP, now in the error state, flushes the rest one by one. A
+//! pin is dropped only when its request is retired, so no region can be unregistered while a
+//! NIC may still write it. A retired endpoint is dropped (its QPs destroyed) only once its
+//! ledgers are empty; one whose device never flushes is abandoned after `DRAIN_LIMIT`: its
+//! tasks fail, its pins are kept for good.
 //!
 //! When it has nothing to do the worker spins briefly, then sleeps on its CQ's completion
 //! channel and on a doorbell socket that senders write to only while it sleeps, so an idle
@@ -24,7 +27,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use tern_engine::{Opcode, Slice, TransferError};
-use tern_verbs::{Completion, CompletionError, CompletionQueue, SendOp, SendRequest, Sge};
+use tern_memreg::RegionPin;
+use tern_verbs::{Completion, CompletionError, CompletionQueue, Outcome, SendOp, SendWork, Sge};
 
 use crate::endpoint::{Endpoint, State};
 use crate::route::Blame;
@@ -143,49 +147,34 @@ impl WorkerHandle {
     }
 }
 
-#[derive(Debug)]
-struct InFlight {
-    seq: u64,
-    job: Job,
-}
-
-#[derive(Debug, Default)]
-struct QpTrack {
-    inflight: VecDeque<InFlight>,
-    next_seq: u64,
-}
-
-/// Requests about to be posted to one QP, and their jobs.
-#[derive(Debug, Default)]
-struct Chain {
-    requests: Vec<SendRequest>,
-    jobs: Vec<Job>,
-}
+/// Requests about to be posted to one QP.
+type Chain = Vec<SendWork<RegionPin, Job>>;
 
 #[derive(Debug)]
 struct Slot {
     ep: Arc<Endpoint>,
-    qps: Vec<QpTrack>,
+    /// Requests posted to each QP and not yet retired (the QP's ledger holds them; this is
+    /// the worker's count, to decide without a lock where the next one fits).
+    in_flight: Vec<usize>,
     backlog: VecDeque<Job>,
     next_qp: usize,
-    /// Set once the endpoint is retired here: the slot goes when its FIFOs are empty.
+    /// Set once the endpoint is retired here: the slot goes when nothing is in flight.
     retired_at: Option<Instant>,
 }
 
 impl Slot {
     fn in_flight(&self) -> usize {
-        self.qps.iter().map(|q| q.inflight.len()).sum()
+        self.in_flight.iter().sum()
     }
 }
 
 /// Completions taken per poll.
 const POLL_BATCH: usize = 64;
-/// Every this many requests of a chain, one is signalled, so a long chain frees its queue
-/// slots before it ends.
-const SIGNAL_EVERY: usize = 32;
 /// How long a retired endpoint may wait for its flushed requests before the worker gives up
 /// on them (Mooncake: 30 s).
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
+/// How long a stopping worker waits for the flushes of its endpoints' requests.
+const STOP_DRAIN_LIMIT: Duration = Duration::from_secs(10);
 /// How long a path whose handshake failed is not tried again by this worker (Mooncake
 /// fast-fails such targets for 100 ms; a second, so that a dead peer's tasks fail in a few
 /// quick rounds rather than in a storm of handshakes).
@@ -218,6 +207,8 @@ pub(crate) struct Worker {
     cq_capacity: usize,
     max_wr: usize,
     completions: Vec<Completion>,
+    /// What the last completion retired (reused).
+    retired: Vec<(Job, Outcome<CompletionError>)>,
     chains: Vec<Chain>,
     /// Paths whose handshake failed lately, and why: work for them fails over at once
     /// instead of starting another handshake to a peer that just refused or is gone.
@@ -242,7 +233,8 @@ impl Worker {
             outstanding: 0,
             cq_capacity,
             max_wr,
-            completions: vec![Completion::EMPTY; POLL_BATCH],
+            completions: Vec::with_capacity(POLL_BATCH),
+            retired: Vec::new(),
             chains: Vec::new(),
             refused: HashMap::new(),
         }
@@ -373,7 +365,7 @@ impl Worker {
             .shared
             .endpoint_for(self.nic, self.index, &job.key, &job.slice)?;
         let slot = Slot {
-            qps: ep.qps.iter().map(|_| QpTrack::default()).collect(),
+            in_flight: vec![0; ep.qps.len()],
             ep: ep.clone(),
             backlog: VecDeque::new(),
             next_qp: 0,
@@ -426,16 +418,16 @@ impl Worker {
         let Some(slot) = self.slots[slot_index].as_mut() else {
             return false;
         };
-        let qp_count = slot.qps.len();
+        let qp_count = slot.in_flight.len();
         if self.chains.len() < qp_count {
-            self.chains.resize_with(qp_count, Chain::default);
+            self.chains.resize_with(qp_count, Chain::new);
         }
         let mut budget = self.cq_capacity.saturating_sub(self.outstanding);
         let mut taken = 0;
         while budget > 0 {
             let Some(q) = (0..qp_count)
                 .map(|i| (slot.next_qp + i) % qp_count)
-                .find(|&q| slot.qps[q].inflight.len() + self.chains[q].jobs.len() < self.max_wr)
+                .find(|&q| slot.in_flight[q] + self.chains[q].len() < self.max_wr)
             else {
                 break;
             };
@@ -447,25 +439,21 @@ impl Worker {
                 continue;
             }
             slot.next_qp = (q + 1) % qp_count;
-            let track = &mut slot.qps[q];
-            let seq = track.next_seq;
-            track.next_seq += 1;
             let (remote_addr, rkey) = (job.slice.remote_addr, job.rkey);
             let op = match job.slice.opcode {
                 Opcode::Write => SendOp::Write { remote_addr, rkey },
                 Opcode::Read => SendOp::Read { remote_addr, rkey },
             };
-            self.chains[q].requests.push(SendRequest {
-                wr_id: seq,
+            self.chains[q].push(SendWork {
                 op,
-                sges: vec![Sge {
+                local: Sge {
                     addr: job.slice.local_addr as u64,
                     len: job.slice.len as u32,
                     lkey: job.lkey,
-                }],
-                signaled: false,
+                },
+                guard: job.slice.local.clone(),
+                user: job,
             });
-            self.chains[q].jobs.push(job);
             budget -= 1;
             taken += 1;
         }
@@ -474,37 +462,21 @@ impl Worker {
         }
         let mut broken = None;
         for q in 0..qp_count {
-            let Chain { requests, jobs } = &mut self.chains[q];
-            if requests.is_empty() {
+            let chain = &mut self.chains[q];
+            if chain.is_empty() {
                 continue;
             }
-            let last = requests.len() - 1;
-            for (i, request) in requests.iter_mut().enumerate() {
-                request.signaled = i == last || (i + 1) % SIGNAL_EVERY == 0;
-            }
-            let posted = match slot.ep.qps[q].post_send(requests) {
-                Ok(()) => requests.len(),
+            let before = chain.len();
+            if let Err(e) = slot.ep.qps[q].post_send(chain) {
                 // The requests before the refused one are on the wire; an unsignalled last
-                // one among them is still reported, by the flush that retiring the endpoint
+                // one among them is still retired, by the flush that retiring the endpoint
                 // below causes.
-                Err(tern_verbs::VerbsError::PostSend { posted, errno }) => {
-                    broken = Some(format!("ibv_post_send failed (errno {errno})"));
-                    posted.min(requests.len())
-                }
-                Err(e) => {
-                    broken = Some(e.to_string());
-                    0
-                }
-            };
-            let track = &mut slot.qps[q];
-            for (request, job) in requests.drain(..).zip(jobs.drain(..posted)) {
-                track.inflight.push_back(InFlight {
-                    seq: request.wr_id,
-                    job,
-                });
+                broken = Some(e.to_string());
             }
+            let posted = before - chain.len();
+            slot.in_flight[q] += posted;
             self.outstanding += posted;
-            self.local.extend(jobs.drain(..));
+            self.local.extend(chain.drain(..).map(|work| work.user));
         }
         if let Some(reason) = broken {
             tracing::warn!("posting to {}: {reason}", slot.ep.key);
@@ -515,50 +487,55 @@ impl Worker {
 
     fn poll(&mut self) -> usize {
         let mut completions = std::mem::take(&mut self.completions);
-        let got = match self.inbox.cq.poll(&mut completions) {
+        let got = match self.inbox.cq.poll(&mut completions, POLL_BATCH) {
             Ok(got) => got,
             Err(e) => {
                 tracing::error!("polling the CQ of NIC #{}: {e}", self.nic);
                 0
             }
         };
-        for completion in &completions[..got] {
+        for completion in completions.drain(..) {
             self.complete(completion);
         }
         self.completions = completions;
         got
     }
 
-    fn complete(&mut self, completion: &Completion) {
-        let Some(&(slot_index, q)) = self.by_qpn.get(&completion.qp_num) else {
-            tracing::debug!("completion for unknown QP {}", completion.qp_num);
+    fn complete(&mut self, completion: Completion) {
+        let Some(&(slot_index, q)) = self.by_qpn.get(&completion.qp_num()) else {
+            tracing::debug!("completion for unknown QP {}", completion.qp_num());
             return;
         };
         let Some(slot) = self.slots[slot_index].as_mut() else {
             return;
         };
-        let track = &mut slot.qps[q];
+        let mut retired = std::mem::take(&mut self.retired);
+        let count = match slot.ep.qps[q].retire(completion, &mut retired) {
+            Ok(count) => count,
+            Err(stray) => {
+                tracing::debug!(
+                    "completion of QP {} that is not this slot's",
+                    stray.qp_num()
+                );
+                0
+            }
+        };
+        slot.in_flight[q] -= count;
+        self.outstanding -= count;
         let nic = self.shared.nic(self.nic);
         let mut succeeded = 0usize;
         let mut failed = None;
-        while let Some(front) = track.inflight.front() {
-            if front.seq > completion.wr_id {
-                break;
-            }
-            let Some(entry) = track.inflight.pop_front() else {
-                break;
-            };
-            self.outstanding -= 1;
-            match completion.status {
-                Err(error) if entry.seq == completion.wr_id => failed = Some((entry.job, error)),
-                // RC completes in order: everything before the reported request succeeded.
-                _ => {
-                    nic.counted(entry.job.slice.len);
-                    entry.job.slice.complete();
+        for (job, outcome) in retired.drain(..) {
+            match outcome {
+                Outcome::Done => {
+                    nic.counted(job.slice.len);
+                    job.slice.complete();
                     succeeded += 1;
                 }
+                Outcome::Failed(error) => failed = Some((job, error)),
             }
         }
+        self.retired = retired;
         if succeeded > 0 {
             self.shared.succeeded(self.nic);
         }
@@ -571,6 +548,11 @@ impl Worker {
     fn failed(&mut self, slot_index: usize, job: Job, error: CompletionError) {
         // Any error leaves the QP in the error state: the endpoint is done for.
         self.retire(slot_index, None);
+        if self.shared.stopping.load(Ordering::Acquire) {
+            return job
+                .slice
+                .fail(TransferError::Dropped("the RDMA transport stopped".into()));
+        }
         if error.code == CompletionError::FLUSHED {
             let reason = format!("flushed after an error on {}", job.key);
             return self.reroute(job, Some(reason));
@@ -679,27 +661,10 @@ impl Worker {
             };
             if let Some(at) = slot.retired_at {
                 if now.duration_since(at) >= DRAIN_LIMIT {
-                    // The device never flushed: give the requests up rather than hold their
-                    // tasks forever.
-                    let stuck: Vec<Job> = slot
-                        .qps
-                        .iter_mut()
-                        .flat_map(|q| q.inflight.drain(..))
-                        .map(|f| f.job)
-                        .collect();
-                    self.outstanding -= stuck.len();
-                    tracing::warn!(
-                        "{} request(s) on {} never completed after its retirement",
-                        stuck.len(),
-                        slot.ep.key
-                    );
-                    for job in stuck {
-                        job.slice.fail(TransferError::Connection {
-                            peer: job.key.to_string(),
-                            message: "the request never completed".into(),
-                        });
-                    }
-                    self.drop_slot(index);
+                    // The device never flushed: fail the tasks rather than hold them forever,
+                    // but keep the pins (the QPs' ledgers leak them), since nothing says the
+                    // NIC is done with that memory.
+                    self.abandon(index, "the request never completed");
                 }
             } else if slot.ep.state() == State::WaitAck
                 && !slot.backlog.is_empty()
@@ -725,16 +690,18 @@ impl Worker {
             || self.slots.iter().flatten().any(|s| s.retired_at.is_some());
         let nap = if busy { TICK } else { IDLE_SLEEP };
         let mut completions = std::mem::take(&mut self.completions);
-        let waited = self
-            .inbox
-            .cq
-            .wait_or(&mut completions, Some(self.inbox.bell.as_fd()), nap);
+        let waited = self.inbox.cq.wait_or(
+            &mut completions,
+            POLL_BATCH,
+            Some(self.inbox.bell.as_fd()),
+            nap,
+        );
         self.inbox.sleeping.store(false, Ordering::SeqCst);
         let mut drain = [0u8; 64];
         while matches!((&self.inbox.bell).read(&mut drain), Ok(n) if n > 0) {}
         match waited {
-            Ok(got) => {
-                for completion in &completions[..got] {
+            Ok(_) => {
+                for completion in completions.drain(..) {
                     self.complete(completion);
                 }
             }
@@ -743,22 +710,55 @@ impl Worker {
         self.completions = completions;
     }
 
-    /// Shutdown: every job still here fails, every endpoint's QPs stop.
+    /// Gives up on a retired slot's requests: their tasks fail, their pins stay taken.
+    fn abandon(&mut self, slot_index: usize, why: &str) {
+        let Some(slot) = self.slots[slot_index].as_mut() else {
+            return;
+        };
+        let stuck: Vec<Job> = slot.ep.qps.iter().flat_map(|qp| qp.abandon()).collect();
+        self.outstanding -= slot.in_flight();
+        slot.in_flight.iter_mut().for_each(|n| *n = 0);
+        if !stuck.is_empty() {
+            tracing::warn!(
+                "{} request(s) on {} never completed after its retirement; their memory stays \
+                 registered for good",
+                stuck.len(),
+                slot.ep.key
+            );
+        }
+        for job in stuck {
+            job.slice.fail(TransferError::Connection {
+                peer: job.key.to_string(),
+                message: why.into(),
+            });
+        }
+        self.drop_slot(slot_index);
+    }
+
+    /// Shutdown: every endpoint's QPs go to the error state and their requests are retired as
+    /// they flush (so each pin outlives the requests naming its memory); every job still here
+    /// fails.
     fn stop(mut self) {
         let dropped = || TransferError::Dropped("the RDMA transport stopped".into());
         for job in self.local.drain(..) {
             job.slice.fail(dropped());
         }
-        for slot in self.slots.iter_mut().flatten() {
-            slot.ep.retire();
-            for job in slot.backlog.drain(..) {
-                job.slice.fail(dropped());
-            }
-            for track in &mut slot.qps {
-                for entry in track.inflight.drain(..) {
-                    entry.job.slice.fail(dropped());
+        for index in 0..self.slots.len() {
+            if let Some(slot) = self.slots[index].as_mut() {
+                for job in slot.backlog.drain(..) {
+                    job.slice.fail(dropped());
                 }
             }
+            self.retire(index, Some("the RDMA transport stopped".into()));
+        }
+        let started = Instant::now();
+        while self.outstanding > 0 && started.elapsed() < STOP_DRAIN_LIMIT {
+            if self.poll() == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        for index in 0..self.slots.len() {
+            self.abandon(index, "the RDMA transport stopped");
         }
         while let Ok(msg) = self.inbox.rx.try_recv() {
             if let Msg::Jobs(jobs) = msg {
@@ -766,6 +766,9 @@ impl Worker {
                     job.slice.fail(dropped());
                 }
             }
+        }
+        for job in self.local.drain(..) {
+            job.slice.fail(dropped());
         }
     }
 }

@@ -211,14 +211,14 @@ fn tern_answers_the_golden_frames_of_an_active_peer() {
         remote_addr: buffer.addr() as u64 + 8192,
         rkey,
     };
-    assert_eq!(verbs.run(&qps[0], write, 0, 64 << 10).status, Ok(()));
+    assert_eq!(verbs.run(&qps[0], write, 0, 64 << 10), Ok(()));
     assert!(holds(&buffer, 8192, 3, 64 << 10));
     buffer.write_at(300_000, &pattern(4, 5000)).unwrap();
     let read = SendOp::Read {
         remote_addr: buffer.addr() as u64 + 300_000,
         rkey,
     };
-    assert_eq!(verbs.run(&qps[1], read, 100_000, 5000).status, Ok(()));
+    assert_eq!(verbs.run(&qps[1], read, 100_000, 5000), Ok(()));
     assert_eq!(verbs.read_at(100_000, 5000), pattern(4, 5000));
 
     // The recorded rejection: a request for another node gets a reply of the recorded shape.
@@ -749,4 +749,71 @@ fn a_stopped_target_is_still_served_by_its_nic_and_new_handshakes_time_out() {
         .unwrap();
     assert!(holds(&local2, 0, 7, 1 << 20));
     assert!(target.finish().success(), "the target saw the write");
+}
+
+/// An initiator shut down while 64 MiB of reads are on the wire: its workers move every QP
+/// to the error state and retire each request as it flushes, so by the time shutdown returns
+/// no work request naming local memory is outstanding and no pin was given up for one.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn shutdown_mid_transfer_retires_every_request_before_its_pin_goes() {
+    support::setup(
+        "shutdown_mid_transfer_retires_every_request_before_its_pin_goes",
+        Duration::from_secs(300),
+    );
+    const BLOCK: usize = 64 << 10;
+    const COUNT: usize = 1024;
+    let target = builder(rdma_with(|_| {})).build().unwrap();
+    let remote = target.allocate(COUNT * BLOCK, "cpu:0").unwrap();
+    let initiator = builder(rdma_with(|_| {})).build().unwrap();
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    let local = initiator.allocate(COUNT * BLOCK, "cpu:0").unwrap();
+    let leaked_before = tern_verbs::leaked_guards();
+    let batch = initiator.allocate_batch(COUNT).unwrap();
+    let requests: Vec<TransferRequest> = (0..COUNT)
+        .map(|i| {
+            TransferRequest::read(
+                local.addr() + i * BLOCK,
+                peer,
+                remote.addr() as u64 + (i * BLOCK) as u64,
+                BLOCK,
+            )
+        })
+        .collect();
+    initiator.submit(&batch, &requests).unwrap();
+    // Wait until the NIC is busy with them.
+    let started = std::time::Instant::now();
+    while tern_verbs::tracked_in_flight() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "nothing was posted"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(initiator);
+    assert_eq!(
+        tern_verbs::tracked_in_flight(),
+        0,
+        "requests still on the device after shutdown"
+    );
+    assert_eq!(
+        tern_verbs::leaked_guards(),
+        leaked_before,
+        "the device flushed everything, so no pin had to be given up"
+    );
+    let statuses: Vec<TransferStatus> = (0..COUNT)
+        .map(|i| batch.task_status(i).unwrap().status)
+        .collect();
+    assert!(
+        statuses.iter().all(|s| *s != TransferStatus::Pending),
+        "a task was left pending: {:?}",
+        statuses.iter().find(|s| **s == TransferStatus::Pending)
+    );
+    assert!(
+        statuses
+            .iter()
+            .any(|s| matches!(s, TransferStatus::Failed(_))),
+        "every read finished before the shutdown: nothing was in flight"
+    );
+    drop(local);
 }

@@ -11,30 +11,51 @@ use rdma_sys as sys;
 use crate::device::Context;
 use crate::error::{VerbsError, errno};
 
-/// Outcome of one work request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Outcome of one work request, as polled from a CQ.
+///
+/// Only [`CompletionQueue::poll`] makes these, and a queue pair consumes each one it
+/// retires ([`QueuePair::retire`](crate::QueuePair::retire)): a completion cannot be forged
+/// or replayed to release a request's memory early.
+#[derive(Debug, PartialEq, Eq)]
 pub struct Completion {
-    /// The caller's `wr_id`.
-    pub wr_id: u64,
-    /// `Ok` or the verbs status code and its name.
-    pub status: Result<(), CompletionError>,
-    /// Bytes (receives and reads).
-    pub byte_len: u32,
-    /// The QP it belongs to.
-    pub qp_num: u32,
-    /// The immediate value of a receive completed by WRITE_WITH_IMM or SEND_WITH_IMM.
-    pub imm: Option<u32>,
+    wr_id: u64,
+    status: Result<(), CompletionError>,
+    byte_len: u32,
+    qp_num: u32,
+    imm: Option<u32>,
+    cq: usize,
 }
 
 impl Completion {
-    /// An empty slot for [`CompletionQueue::poll`] to fill.
-    pub const EMPTY: Self = Self {
-        wr_id: 0,
-        status: Ok(()),
-        byte_len: 0,
-        qp_num: 0,
-        imm: None,
-    };
+    /// The request's `wr_id`.
+    pub fn wr_id(&self) -> u64 {
+        self.wr_id
+    }
+
+    /// `Ok`, or the verbs status code and its name.
+    pub fn status(&self) -> Result<(), CompletionError> {
+        self.status
+    }
+
+    /// Bytes moved (receives and reads).
+    pub fn byte_len(&self) -> u32 {
+        self.byte_len
+    }
+
+    /// The local QP it belongs to.
+    pub fn qp_num(&self) -> u32 {
+        self.qp_num
+    }
+
+    /// The immediate value of a receive completed by WRITE_WITH_IMM or SEND_WITH_IMM.
+    pub fn imm(&self) -> Option<u32> {
+        self.imm
+    }
+
+    /// Which CQ it came from.
+    pub(crate) fn cq_id(&self) -> usize {
+        self.cq
+    }
 }
 
 /// A failed completion: the status code (`IBV_WC_*`) with libibverbs' name for it.
@@ -141,10 +162,11 @@ impl CompletionQueue {
     /// [`with_channel`](Self::with_channel).
     pub fn wait(
         &self,
-        out: &mut [Completion],
+        out: &mut Vec<Completion>,
+        max: usize,
         timeout: std::time::Duration,
     ) -> Result<usize, VerbsError> {
-        self.wait_or(out, None, timeout)
+        self.wait_or(out, max, None, timeout)
     }
 
     /// As [`wait`](Self::wait), but also returns (with 0) as soon as `doorbell` becomes
@@ -152,7 +174,8 @@ impl CompletionQueue {
     /// hand it work. The caller drains the doorbell.
     pub fn wait_or(
         &self,
-        out: &mut [Completion],
+        out: &mut Vec<Completion>,
+        max: usize,
         doorbell: Option<BorrowedFd<'_>>,
         timeout: std::time::Duration,
     ) -> Result<usize, VerbsError> {
@@ -163,7 +186,7 @@ impl CompletionQueue {
         };
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            let got = self.poll(out)?;
+            let got = self.poll(out, max)?;
             if got > 0 {
                 return Ok(got);
             }
@@ -173,7 +196,7 @@ impl CompletionQueue {
             if rc != 0 {
                 return Err(VerbsError::PollCq(-rc.abs()));
             }
-            let got = self.poll(out)?;
+            let got = self.poll(out, max)?;
             if got > 0 {
                 return Ok(got);
             }
@@ -209,24 +232,25 @@ impl CompletionQueue {
                 }
             }
             if ready > 0 && fds[1].revents != 0 {
-                return self.poll(out);
+                return self.poll(out, max);
             }
         }
     }
 
-    /// Takes up to `out.len()` completions without blocking; returns how many.
-    pub fn poll(&self, out: &mut [Completion]) -> Result<usize, VerbsError> {
+    /// Takes up to `max` completions without blocking and appends them to `out`; returns
+    /// how many.
+    pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> Result<usize, VerbsError> {
         const BATCH: usize = 32;
         // SAFETY: ibv_wc is plain data; zero is a valid bit pattern.
         let mut raw: [sys::ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
-        let want = out.len().min(BATCH) as c_int;
+        let want = max.min(BATCH) as c_int;
         // SAFETY: the CQ is alive and `raw` has room for `want` entries.
         let got = unsafe { sys::ibv_poll_cq(self.cq.as_ptr(), want, raw.as_mut_ptr()) };
         if got < 0 {
             return Err(VerbsError::PollCq(got));
         }
-        for (slot, wc) in out.iter_mut().zip(&raw[..got as usize]) {
-            *slot = Completion {
+        out.extend(raw[..got as usize].iter().map(|wc| {
+            Completion {
                 wr_id: wc.wr_id,
                 status: if wc.status == sys::ibv_wc_status::IBV_WC_SUCCESS {
                     Ok(())
@@ -241,9 +265,15 @@ impl CompletionQueue {
                 imm: (wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0)
                     // SAFETY: with IBV_WC_WITH_IMM set, the union holds the immediate value.
                     .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
-            };
-        }
+                cq: self.id(),
+            }
+        }));
         Ok(got as usize)
+    }
+
+    /// An identity for this CQ while it lives (its verbs handle's address).
+    pub(crate) fn id(&self) -> usize {
+        self.cq.as_ptr() as usize
     }
 
     /// The device context.

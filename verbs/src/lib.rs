@@ -4,7 +4,8 @@
 //! device), port and GID queries with GID auto-selection, [`ProtectionDomain`],
 //! [`MemoryRegion`], [`CompletionQueue`] and RC [`QueuePair`]s with explicit
 //! INIT → RTR → RTS transitions, and posting RDMA READ/WRITE (and WRITE_WITH_IMM, SEND)
-//! work requests. Every handle owns its verbs object and releases it on drop; children hold
+//! work requests, safely: each request's [`MemoryGuard`] is kept until its completion has
+//! been retrieved ([`ledger`]). Every handle owns its verbs object and releases it on drop; children hold
 //! an `Arc` of their parent, so a parent always outlives its children. Every failing verb is
 //! its own [`VerbsError`] variant carrying `errno`.
 //!
@@ -15,6 +16,7 @@ mod cq;
 mod device;
 mod error;
 mod gid;
+pub mod ledger;
 mod mr;
 mod pd;
 mod qp;
@@ -23,9 +25,13 @@ pub use cq::{Completion, CompletionError, CompletionQueue};
 pub use device::{Context, DeviceLimits, PortInfo, device_names};
 pub use error::{ENOSYS, VerbsError, null_device_list_means_no_devices};
 pub use gid::{Gid, GidEntry, GidKind, rank_gids, read_gid_table};
+pub use ledger::{Outcome, leaked_guards, tracked_in_flight};
 pub use mr::{Access, MemoryRegion, live_memory_regions};
 pub use pd::ProtectionDomain;
-pub use qp::{PathConfig, Peer, QpCaps, QueuePair, SendOp, SendRequest, Sge, live_queue_pairs};
+pub use qp::{
+    MemoryGuard, PathConfig, Peer, QpCaps, QueuePair, RecvWork, SendOp, SendRequest, SendWork, Sge,
+    live_queue_pairs,
+};
 
 #[cfg(test)]
 mod tests {

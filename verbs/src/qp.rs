@@ -1,16 +1,25 @@
 //! RC queue pairs: state transitions and posting work requests.
+//!
+//! Posting is safe through [`QueuePair::post_send`] and [`QueuePair::post_recv`]: each
+//! request hands over a [`MemoryGuard`] for its local memory, and the QP's ledger keeps that
+//! guard until the request's completion has been retrieved from the CQ and handed to
+//! [`QueuePair::retire`] — the condition `ibv_post_send(3)` sets for reusing a request's
+//! memory (see [`crate::ledger`]). A QP dropped with requests still in flight leaks their
+//! guards rather than guess that the device is done. The raw
+//! [`post_send_unchecked`](QueuePair::post_send_unchecked) leaves that duty to the caller.
 
 use std::os::raw::c_int;
 use std::ptr::{self, NonNull};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rdma_sys as sys;
 
-use crate::cq::CompletionQueue;
+use crate::cq::{Completion, CompletionError, CompletionQueue};
 use crate::error::{VerbsError, errno};
 use crate::gid::Gid;
-use crate::mr::Access;
+use crate::ledger::{Ledger, Outcome, TRACKED_BIT, signalled};
+use crate::mr::{Access, MemoryRegion};
 use crate::pd::ProtectionDomain;
 
 /// Sizes of a queue pair's queues.
@@ -24,16 +33,20 @@ pub struct QpCaps {
     pub max_sge: u32,
     /// Inline data bytes.
     pub max_inline: u32,
+    /// Of the send requests of one [`QueuePair::post_send`], every this many and the last
+    /// are signalled (1: all). The rest are retired by the next signalled completion.
+    pub signal_every: u32,
 }
 
 impl Default for QpCaps {
-    /// Mooncake's: 256 WRs, 4 SGEs, 64 bytes inline.
+    /// Mooncake's: 256 WRs, 4 SGEs, 64 bytes inline; one request in 32 signalled.
     fn default() -> Self {
         Self {
             max_send_wr: 256,
             max_recv_wr: 256,
             max_sge: 4,
             max_inline: 64,
+            signal_every: 32,
         }
     }
 }
@@ -91,18 +104,75 @@ pub fn live_queue_pairs() -> usize {
     LIVE_QUEUE_PAIRS.load(Ordering::Relaxed)
 }
 
-/// A reliable-connected queue pair.
-#[derive(Debug)]
-pub struct QueuePair {
+/// A value that keeps some memory valid for as long as it lives: what a work request hands
+/// the queue pair so that the memory its SGE names outlives the request.
+///
+/// # Safety
+///
+/// While the value lives, the bytes `[span().0, span().0 + span().1)` must stay mapped and
+/// valid for the device to read and write, must not be freed or reused, and nothing may rely
+/// on Rust's aliasing guarantees for them (the device writes them at any time). `span` must
+/// return the same range every time it is called.
+pub unsafe trait MemoryGuard: Send + 'static {
+    /// Start address and length of the memory kept valid.
+    fn span(&self) -> (usize, usize);
+}
+
+// SAFETY: `MemoryRegion::register`'s contract is that the registered range stays valid until
+// the region is dropped; the Arc keeps the region, so the range, alive.
+unsafe impl MemoryGuard for Arc<MemoryRegion> {
+    fn span(&self) -> (usize, usize) {
+        (self.addr(), self.len())
+    }
+}
+
+/// A reliable-connected queue pair whose tracked work requests carry a guard `G` (which
+/// keeps their local memory valid) and a value `U` the caller gets back on completion.
+pub struct QueuePair<G = Arc<MemoryRegion>, U = u64> {
     qp: NonNull<sys::ibv_qp>,
     pd: Arc<ProtectionDomain>,
     cq: Arc<CompletionQueue>,
+    signal_every: usize,
+    send: Mutex<WorkQueue<sys::ibv_send_wr, (G, U)>>,
+    recv: Mutex<WorkQueue<sys::ibv_recv_wr, (G, U)>>,
 }
 
-// SAFETY: posting to a QP from several threads is allowed by libibverbs; released in Drop.
-unsafe impl Send for QueuePair {}
-// SAFETY: see Send.
-unsafe impl Sync for QueuePair {}
+/// One work queue: its ledger and the scratch arrays a post builds its chain in (reused, so
+/// posting allocates nothing once they have grown).
+struct WorkQueue<W, T> {
+    ledger: Ledger<T>,
+    wrs: Vec<W>,
+    sges: Vec<sys::ibv_sge>,
+}
+
+impl<W, T> WorkQueue<W, T> {
+    fn new() -> Self {
+        Self {
+            ledger: Ledger::new(),
+            wrs: Vec::new(),
+            sges: Vec::new(),
+        }
+    }
+}
+
+impl<G, U> std::fmt::Debug for QueuePair<G, U> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SAFETY: the QP is valid while self lives; qp_num is immutable.
+        let qp_num = unsafe { self.qp.as_ref().qp_num };
+        f.debug_struct("QueuePair")
+            .field("qp_num", &qp_num)
+            .field("sends_in_flight", &lock(&self.send).ledger.len())
+            .field("receives_in_flight", &lock(&self.recv).ledger.len())
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: posting to and modifying a QP from several threads is allowed by libibverbs (its
+// verbs are thread-safe); the raw work-request pointers in the scratch arrays are only used
+// under their mutex and during one call; payloads move between threads, hence `G, U: Send`.
+unsafe impl<G: Send, U: Send> Send for QueuePair<G, U> {}
+// SAFETY: see Send; shared access reaches the payloads only under their mutexes.
+unsafe impl<G: Send, U: Send> Sync for QueuePair<G, U> {}
 
 /// One scatter/gather element: a piece of registered local memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,10 +215,10 @@ pub enum SendOp {
     Send,
 }
 
-/// A send work request.
+/// A send work request for [`QueuePair::post_send_unchecked`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendRequest {
-    /// Returned in the completion.
+    /// Returned in the completion; must not have [`TRACKED_BIT`] set.
     pub wr_id: u64,
     /// What to do.
     pub op: SendOp,
@@ -158,7 +228,32 @@ pub struct SendRequest {
     pub signaled: bool,
 }
 
-impl QueuePair {
+/// A tracked send work request: one local SGE, the guard that keeps its memory valid until
+/// the request's completion has been retrieved, and the caller's value.
+#[derive(Debug)]
+pub struct SendWork<G, U> {
+    /// What to do.
+    pub op: SendOp,
+    /// The local memory; must lie inside `guard`'s span.
+    pub local: Sge,
+    /// Keeps `local` valid; dropped once the request is retired.
+    pub guard: G,
+    /// Handed back with the request's outcome.
+    pub user: U,
+}
+
+/// A tracked receive work request (for SEND and WRITE_WITH_IMM from the peer).
+#[derive(Debug)]
+pub struct RecvWork<G, U> {
+    /// Where a received message lands; must lie inside `guard`'s span.
+    pub local: Sge,
+    /// Keeps `local` valid; dropped once the request is retired.
+    pub guard: G,
+    /// Handed back with the request's outcome.
+    pub user: U,
+}
+
+impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
     /// Creates an RC QP in RESET whose sends and receives complete on `cq`.
     pub fn new_rc(
         pd: &Arc<ProtectionDomain>,
@@ -185,6 +280,9 @@ impl QueuePair {
             qp,
             pd: pd.clone(),
             cq: cq.clone(),
+            signal_every: caps.signal_every.max(1) as usize,
+            send: Mutex::new(WorkQueue::new()),
+            recv: Mutex::new(WorkQueue::new()),
         })
     }
 
@@ -299,24 +397,141 @@ impl QueuePair {
     }
 
     /// Back to RESET (from any state, the error state included), ready to connect again.
+    /// Refused while tracked requests are in flight: a reset QP discards them without
+    /// completions, so nothing would then say when their memory is free.
     pub fn reset(&self) -> Result<(), VerbsError> {
+        if self.in_flight() > 0 {
+            return Err(VerbsError::InvalidRequest(
+                "reset with work requests in flight: move to the error state and retire them first",
+            ));
+        }
         let mut attr = Self::blank_attr();
         attr.qp_state = sys::ibv_qp_state::IBV_QPS_RESET;
         self.modify(&mut attr, sys::ibv_qp_attr_mask::IBV_QP_STATE.0, "RESET")
     }
 
-    /// Posts a chain of send work requests (one `ibv_post_send` call). On failure the error
-    /// says how many requests at the head of the chain were posted (and will complete).
+    /// Tracked requests posted and not yet retired, both queues.
+    pub fn in_flight(&self) -> usize {
+        lock(&self.send).ledger.len() + lock(&self.recv).ledger.len()
+    }
+
+    /// Posts `work` as one chain (one `ibv_post_send` call), signalling every
+    /// [`QpCaps::signal_every`]-th request and the last. What the device took is drained from
+    /// the front of `work` and tracked until retired; on a refusal the rest stays in `work`
+    /// and the error says how many were posted. An SGE outside its guard's span is refused
+    /// before anything is posted.
+    pub fn post_send(&self, work: &mut Vec<SendWork<G, U>>) -> Result<(), VerbsError> {
+        if work.is_empty() {
+            return Ok(());
+        }
+        if work.iter().any(|w| !inside(&w.local, w.guard.span())) {
+            return Err(VerbsError::InvalidRequest(
+                "a work request's SGE lies outside the memory its guard keeps valid",
+            ));
+        }
+        let mut queue = lock(&self.send);
+        let WorkQueue { ledger, wrs, sges } = &mut *queue;
+        sges.clear();
+        sges.extend(work.iter().map(|w| raw_sge(&w.local)));
+        wrs.clear();
+        for (i, w) in work.iter().enumerate() {
+            let signaled = signalled(i, work.len(), self.signal_every);
+            wrs.push(send_wr(ledger.upcoming_wr_id(i), w.op, signaled));
+        }
+        let posted = link_and_post(wrs, sges, |head, bad| {
+            // SAFETY: the chain and its SGE array live until the call returns (the library
+            // copies them into the send queue). Every SGE lies inside its guard's span
+            // (checked above), and the guards go into the ledger, which keeps them until the
+            // requests' completions have been retrieved (`ibv_post_send(3)`, NOTES). No
+            // request is inline, so the library reads no SGE memory itself.
+            unsafe { sys::ibv_post_send(self.qp.as_ptr(), head, bad) }
+        });
+        for w in work.drain(..posted.unwrap_or_else(|(n, _)| n)) {
+            ledger.record((w.guard, w.user));
+        }
+        posted
+            .map(|_| ())
+            .map_err(|(posted, errno)| VerbsError::PostSend { errno, posted })
+    }
+
+    /// Posts receive requests as [`post_send`](Self::post_send) does send requests; every
+    /// receive completes with its own completion.
+    pub fn post_recv(&self, work: &mut Vec<RecvWork<G, U>>) -> Result<(), VerbsError> {
+        if work.is_empty() {
+            return Ok(());
+        }
+        if work.iter().any(|w| !inside(&w.local, w.guard.span())) {
+            return Err(VerbsError::InvalidRequest(
+                "a receive request's SGE lies outside the memory its guard keeps valid",
+            ));
+        }
+        let mut queue = lock(&self.recv);
+        let WorkQueue { ledger, wrs, sges } = &mut *queue;
+        sges.clear();
+        sges.extend(work.iter().map(|w| raw_sge(&w.local)));
+        wrs.clear();
+        wrs.extend((0..work.len()).map(|i| recv_wr(ledger.upcoming_wr_id(i))));
+        let posted = link_and_post(wrs, sges, |head, bad| {
+            // SAFETY: as in `post_send`: the chain lives for the call, every SGE lies inside
+            // its guard's span, and the ledger keeps the guards until retirement.
+            unsafe { sys::ibv_post_recv(self.qp.as_ptr(), head, bad) }
+        });
+        for w in work.drain(..posted.unwrap_or_else(|(n, _)| n)) {
+            ledger.record((w.guard, w.user));
+        }
+        posted
+            .map(|_| ())
+            .map_err(|(posted, errno)| VerbsError::PostRecv { errno, posted })
+    }
+
+    /// Retires what `completion` reports: its request and every older one on the same
+    /// queue. Each retired request's guard is dropped and its value pushed to `out` with its
+    /// outcome, in posting order; returns how many. A completion of another QP or CQ comes
+    /// back as `Err`; one of an untracked or already retired request retires nothing.
+    pub fn retire(
+        &self,
+        completion: Completion,
+        out: &mut Vec<(U, Outcome<CompletionError>)>,
+    ) -> Result<usize, Completion> {
+        if completion.qp_num() != self.qp_num() || completion.cq_id() != self.cq.id() {
+            return Err(completion);
+        }
+        let wr_id = completion.wr_id();
+        let error = completion.status().err();
+        let mut push = |(guard, user): (G, U), outcome| {
+            drop(guard);
+            out.push((user, outcome));
+        };
+        // The status of an error completion says nothing about which queue it came from
+        // (`ibv_poll_cq(3)`: only wr_id, status, qp_num and vendor_err are valid); each
+        // queue's ledger knows its own IDs.
+        let sent = lock(&self.send).ledger.retire(wr_id, error, &mut push);
+        if sent > 0 {
+            return Ok(sent);
+        }
+        Ok(lock(&self.recv).ledger.retire(wr_id, error, &mut push))
+    }
+
+    /// Gives up on every tracked request in flight: their values come back (to fail what
+    /// they stood for), their guards are leaked, so the memory they keep stays valid for
+    /// good. For a device that never flushes; the normal way out is [`to_error`](Self::to_error)
+    /// and retiring the flush completions.
+    pub fn abandon(&self) -> Vec<U> {
+        let mut users = lock(&self.send).ledger.abandon(|item| item);
+        users.extend(lock(&self.recv).ledger.abandon(|item| item));
+        users
+    }
+
+    /// Posts a chain of send work requests without tracking them. On failure the error says
+    /// how many requests at the head of the chain were posted (and will complete).
     ///
-    /// This is safe because of how RDMA protects memory: the device reaches local memory
-    /// only through the lkey of a live [`MemoryRegion`](crate::MemoryRegion) of the QP's protection domain (and
-    /// remote memory only through a peer's rkey), checking the address range against that
-    /// region; a wrong key or range ends the request with an error completion, never an
-    /// access elsewhere. A region's memory stays valid for as long as the region lives
-    /// (the contract of [`MemoryRegion::register`](crate::MemoryRegion::register)), and the kernel keeps an in-use region's
-    /// pages pinned until the device is done with them. No request here asks the library to
-    /// read SGE memory on the CPU (no inline sends).
-    pub fn post_send(&self, requests: &[SendRequest]) -> Result<(), VerbsError> {
+    /// # Safety
+    ///
+    /// Every SGE's memory must stay valid (mapped, not freed or reused, not relied on for
+    /// Rust aliasing) and registered under its lkey until the request has completed or been
+    /// flushed and that completion — or a later one of the same send queue — has been
+    /// retrieved from the CQ (`ibv_post_send(3)`, NOTES).
+    pub unsafe fn post_send_unchecked(&self, requests: &[SendRequest]) -> Result<(), VerbsError> {
         if requests.is_empty() {
             return Ok(());
         }
@@ -328,58 +543,27 @@ impl QueuePair {
                 "an RDMA request needs at least one SGE",
             ));
         }
+        if requests.iter().any(|r| r.wr_id & TRACKED_BIT != 0) {
+            return Err(VerbsError::InvalidRequest(
+                "untracked work request IDs must not have the top bit set",
+            ));
+        }
         let mut sges = flat_sges(requests.iter().map(|r| r.sges.as_slice()))?;
-        // SAFETY: ibv_send_wr is plain data (pointers and integers); zero is valid.
-        let mut wrs: Vec<sys::ibv_send_wr> = (0..requests.len())
-            .map(|_| unsafe { std::mem::zeroed() })
+        let mut wrs: Vec<sys::ibv_send_wr> = requests
+            .iter()
+            .map(|r| send_wr(r.wr_id, r.op, r.signaled))
             .collect();
         let mut first_sge = 0;
         for (wr, request) in wrs.iter_mut().zip(requests) {
-            wr.wr_id = request.wr_id;
             wr.sg_list = sges[first_sge..].as_mut_ptr();
             wr.num_sge = request.sges.len() as c_int;
             first_sge += request.sges.len();
-            wr.send_flags = if request.signaled {
-                sys::ibv_send_flags::IBV_SEND_SIGNALED.0
-            } else {
-                0
-            };
-            let (opcode, remote) = match request.op {
-                SendOp::Write { remote_addr, rkey } => (
-                    sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                    Some((remote_addr, rkey)),
-                ),
-                SendOp::WriteWithImm {
-                    remote_addr,
-                    rkey,
-                    imm,
-                } => {
-                    wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-                    (
-                        sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-                        Some((remote_addr, rkey)),
-                    )
-                }
-                SendOp::Read { remote_addr, rkey } => (
-                    sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
-                    Some((remote_addr, rkey)),
-                ),
-                SendOp::Send => (sys::ibv_wr_opcode::IBV_WR_SEND, None),
-            };
-            wr.opcode = opcode;
-            if let Some((remote_addr, rkey)) = remote {
-                wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
-            }
         }
+        link(&mut wrs);
         let head: *mut sys::ibv_send_wr = wrs.as_mut_ptr();
-        for i in 1..wrs.len() {
-            let next: *mut sys::ibv_send_wr = &mut wrs[i];
-            wrs[i - 1].next = next;
-        }
         let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
-        // SAFETY: the chain and its SGE array live until the call returns (the library copies
-        // them into the send queue); what the device later touches is governed by the keys,
-        // as this fn's documentation explains.
+        // SAFETY: the chain and its SGE array live until the call returns; the memory the
+        // device later touches is the caller's to keep valid (this fn's contract).
         let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), head, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::PostSend {
@@ -390,33 +574,38 @@ impl QueuePair {
         Ok(())
     }
 
-    /// Posts receive work requests (for SEND and WRITE_WITH_IMM from the peer). Safe for the
-    /// reasons given at [`QueuePair::post_send`]: the device writes received data only
-    /// through the lkeys of live memory regions.
-    pub fn post_recv(&self, requests: &[(u64, Vec<Sge>)]) -> Result<(), VerbsError> {
+    /// Posts untracked receive work requests.
+    ///
+    /// # Safety
+    ///
+    /// As [`post_send_unchecked`](Self::post_send_unchecked): every SGE's memory stays valid
+    /// and registered until the receive's completion has been retrieved.
+    pub unsafe fn post_recv_unchecked(
+        &self,
+        requests: &[(u64, Vec<Sge>)],
+    ) -> Result<(), VerbsError> {
         if requests.is_empty() {
             return Ok(());
         }
+        if requests.iter().any(|(wr_id, _)| wr_id & TRACKED_BIT != 0) {
+            return Err(VerbsError::InvalidRequest(
+                "untracked work request IDs must not have the top bit set",
+            ));
+        }
         let mut sges = flat_sges(requests.iter().map(|(_, list)| list.as_slice()))?;
-        // SAFETY: ibv_recv_wr is plain data; zero is valid.
-        let mut wrs: Vec<sys::ibv_recv_wr> = (0..requests.len())
-            .map(|_| unsafe { std::mem::zeroed() })
-            .collect();
+        let mut wrs: Vec<sys::ibv_recv_wr> =
+            requests.iter().map(|(wr_id, _)| recv_wr(*wr_id)).collect();
         let mut first_sge = 0;
-        for (wr, (wr_id, list)) in wrs.iter_mut().zip(requests) {
-            wr.wr_id = *wr_id;
+        for (wr, (_, list)) in wrs.iter_mut().zip(requests) {
             wr.sg_list = sges[first_sge..].as_mut_ptr();
             wr.num_sge = list.len() as c_int;
             first_sge += list.len();
         }
+        link(&mut wrs);
         let head: *mut sys::ibv_recv_wr = wrs.as_mut_ptr();
-        for i in 1..wrs.len() {
-            let next: *mut sys::ibv_recv_wr = &mut wrs[i];
-            wrs[i - 1].next = next;
-        }
         let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
-        // SAFETY: the chain lives until the call returns; the device writes only through
-        // the keys of live memory regions (see `post_send`).
+        // SAFETY: the chain lives until the call returns; the memory is the caller's to keep
+        // valid (this fn's contract).
         let rc = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), head, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::PostRecv {
@@ -428,6 +617,129 @@ impl QueuePair {
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `sge` lies inside `(start, len)`.
+fn inside(sge: &Sge, (start, len): (usize, usize)) -> bool {
+    let (Ok(addr), Some(end)) = (usize::try_from(sge.addr), start.checked_add(len)) else {
+        return false;
+    };
+    addr >= start && addr.checked_add(sge.len as usize).is_some_and(|e| e <= end)
+}
+
+fn raw_sge(sge: &Sge) -> sys::ibv_sge {
+    sys::ibv_sge {
+        addr: sge.addr,
+        length: sge.len,
+        lkey: sge.lkey,
+    }
+}
+
+/// A send work request without its SGE list.
+fn send_wr(wr_id: u64, op: SendOp, signaled: bool) -> sys::ibv_send_wr {
+    // SAFETY: ibv_send_wr is plain data (pointers and integers); zero is valid.
+    let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = wr_id;
+    wr.send_flags = if signaled {
+        sys::ibv_send_flags::IBV_SEND_SIGNALED.0
+    } else {
+        0
+    };
+    let (opcode, remote) = match op {
+        SendOp::Write { remote_addr, rkey } => (
+            sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            Some((remote_addr, rkey)),
+        ),
+        SendOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => {
+            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            (
+                sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+                Some((remote_addr, rkey)),
+            )
+        }
+        SendOp::Read { remote_addr, rkey } => (
+            sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            Some((remote_addr, rkey)),
+        ),
+        SendOp::Send => (sys::ibv_wr_opcode::IBV_WR_SEND, None),
+    };
+    wr.opcode = opcode;
+    if let Some((remote_addr, rkey)) = remote {
+        wr.wr.rdma = sys::rdma_t { remote_addr, rkey };
+    }
+    wr
+}
+
+fn recv_wr(wr_id: u64) -> sys::ibv_recv_wr {
+    // SAFETY: ibv_recv_wr is plain data; zero is valid.
+    let mut wr: sys::ibv_recv_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = wr_id;
+    wr
+}
+
+/// A work request type whose chain link and SGE list can be set.
+trait ChainLink: Sized {
+    fn set_next(&mut self, next: *mut Self);
+    fn set_sges(&mut self, sge: *mut sys::ibv_sge, count: c_int);
+}
+
+impl ChainLink for sys::ibv_send_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+    fn set_sges(&mut self, sge: *mut sys::ibv_sge, count: c_int) {
+        self.sg_list = sge;
+        self.num_sge = count;
+    }
+}
+
+impl ChainLink for sys::ibv_recv_wr {
+    fn set_next(&mut self, next: *mut Self) {
+        self.next = next;
+    }
+    fn set_sges(&mut self, sge: *mut sys::ibv_sge, count: c_int) {
+        self.sg_list = sge;
+        self.num_sge = count;
+    }
+}
+
+/// Links `wrs` into a chain (each to the next, the last to null).
+fn link<W: ChainLink>(wrs: &mut [W]) {
+    for i in 1..wrs.len() {
+        let next: *mut W = &mut wrs[i];
+        wrs[i - 1].set_next(next);
+    }
+    if let Some(last) = wrs.last_mut() {
+        last.set_next(ptr::null_mut());
+    }
+}
+
+/// Gives request `i` of `wrs` the single SGE `sges[i]`, links the chain and posts it with
+/// `post(head, &mut bad)`. `Ok(n)` when all `n` were posted; `Err((posted, errno))` when the
+/// library refused one.
+fn link_and_post<W: ChainLink>(
+    wrs: &mut [W],
+    sges: &mut [sys::ibv_sge],
+    post: impl FnOnce(*mut W, &mut *mut W) -> c_int,
+) -> Result<usize, (usize, i32)> {
+    for (wr, sge) in wrs.iter_mut().zip(sges.iter_mut()) {
+        wr.set_sges(sge, 1);
+    }
+    link(wrs);
+    let head: *mut W = wrs.as_mut_ptr();
+    let mut bad: *mut W = ptr::null_mut();
+    match post(head, &mut bad) {
+        0 => Ok(wrs.len()),
+        rc => Err((posted_before(head.cast_const(), bad, wrs.len()), rc)),
+    }
+}
+
 /// Every request's SGEs in one array, in order (one allocation per post).
 fn flat_sges<'a>(lists: impl Iterator<Item = &'a [Sge]>) -> Result<Vec<sys::ibv_sge>, VerbsError> {
     let mut flat = Vec::new();
@@ -435,11 +747,7 @@ fn flat_sges<'a>(lists: impl Iterator<Item = &'a [Sge]>) -> Result<Vec<sys::ibv_
         if list.len() > c_int::MAX as usize {
             return Err(VerbsError::InvalidRequest("too many SGEs in one request"));
         }
-        flat.extend(list.iter().map(|s| sys::ibv_sge {
-            addr: s.addr,
-            length: s.len,
-            lkey: s.lkey,
-        }));
+        flat.extend(list.iter().map(raw_sge));
     }
     Ok(flat)
 }
@@ -455,10 +763,33 @@ fn posted_before<T>(head: *const T, bad: *const T, len: usize) -> usize {
     }
 }
 
-impl Drop for QueuePair {
+impl<G, U> Drop for QueuePair<G, U> {
     fn drop(&mut self) {
-        // SAFETY: created once, destroyed once; outstanding WRs are flushed by the device.
+        // SAFETY: created once, destroyed once.
         unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
         LIVE_QUEUE_PAIRS.fetch_sub(1, Ordering::Relaxed);
+        // Nothing documents that a destroyed QP's outstanding requests no longer touch their
+        // memory: their guards are leaked (counted by `leaked_guards`), their values dropped.
+        let mut stuck = 0;
+        for ledger in [
+            &mut self
+                .send
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .ledger,
+            &mut self
+                .recv
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .ledger,
+        ] {
+            stuck += ledger.abandon(|item| item).len();
+        }
+        if stuck > 0 {
+            tracing::warn!(
+                "a queue pair was destroyed with {stuck} work request(s) in flight; their \
+                 memory stays pinned"
+            );
+        }
     }
 }

@@ -2,12 +2,14 @@
 //! `cargo xtask softroce --test -p tern-verbs` (and `cargo xtask test`) runs them inside the
 //! guest, where `rxe0` exists.
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tern_verbs::{
-    Access, Completion, CompletionError, CompletionQueue, Context, MemoryRegion, PathConfig, Peer,
-    ProtectionDomain, QpCaps, QueuePair, SendOp, SendRequest, Sge,
+    Access, Completion, CompletionError, CompletionQueue, Context, MemoryGuard, MemoryRegion,
+    Outcome, PathConfig, Peer, ProtectionDomain, QpCaps, QueuePair, RecvWork, SendOp, SendWork,
+    Sge,
 };
 
 const NEEDS_RXE: &str = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs";
@@ -39,11 +41,15 @@ fn open_device() -> (
     (context, pd, path, gid.gid)
 }
 
+/// The QPs of these tests: work requests keep their memory through [`Keep`], and carry no
+/// value of their own but an index.
+type Qp = QueuePair<Keep, u64>;
+
 /// Two RC QPs on one device, connected to each other.
 struct Loop {
     pd: Arc<ProtectionDomain>,
-    a: QueuePair,
-    b: QueuePair,
+    a: Qp,
+    b: Qp,
     path: PathConfig,
     gid: tern_verbs::Gid,
 }
@@ -52,8 +58,8 @@ impl Loop {
     fn new() -> Self {
         let (context, pd, path, gid) = open_device();
         let cq = CompletionQueue::new(&context, 1024).unwrap();
-        let a = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
-        let b = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+        let a = Qp::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+        let b = Qp::new_rc(&pd, &cq, QpCaps::default()).unwrap();
         let this = Self {
             pd,
             a,
@@ -66,7 +72,7 @@ impl Loop {
     }
 
     fn connect(&self) {
-        let peer_of = |qp: &QueuePair| Peer {
+        let peer_of = |qp: &Qp| Peer {
             qp_num: qp.qp_num(),
             psn: 0,
             gid: self.gid,
@@ -76,31 +82,53 @@ impl Loop {
         self.b.connect(&peer_of(&self.a), &self.path).unwrap();
     }
 
-    /// Posts one signaled request on `a` and waits for its completion.
-    fn run(&self, op: SendOp, sge: Sge) -> Completion {
-        post_and_wait(&self.a, op, sge)
+    /// Posts one request on `a` moving `len` bytes at `offset` of `local`, and waits for it.
+    fn run(&self, op: SendOp, local: &Arc<Registered>, offset: usize, len: usize) -> Done {
+        post_and_wait(&self.a, op, local, offset, len)
     }
 }
 
-/// Posts one signaled request on `qp` and polls its CQ until the completion arrives.
-fn post_and_wait(qp: &QueuePair, op: SendOp, sge: Sge) -> Completion {
-    let request = SendRequest {
-        wr_id: 7,
-        op,
-        sges: vec![sge],
-        signaled: true,
-    };
-    qp.post_send(&[request]).unwrap();
+/// What a completion said, read before the completion was handed back to its QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Done {
+    status: Result<(), CompletionError>,
+    byte_len: u32,
+}
+
+/// Polls `cq` until a completion arrives (120 s at most).
+fn next_completion(cq: &CompletionQueue) -> Completion {
     let started = Instant::now();
-    let mut out = [Completion::EMPTY];
-    while qp.cq().poll(&mut out).unwrap() == 0 {
+    let mut out = Vec::new();
+    while cq.poll(&mut out, 1).unwrap() == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(120),
             "no completion"
         );
         std::thread::sleep(Duration::from_micros(200));
     }
-    out[0]
+    out.pop().unwrap()
+}
+
+/// Posts one request on `qp` and waits for its completion, which retires it.
+fn post_and_wait(qp: &Qp, op: SendOp, local: &Arc<Registered>, offset: usize, len: usize) -> Done {
+    let mut work = vec![SendWork {
+        op,
+        local: local.sge(offset, len),
+        guard: Keep(local.clone()),
+        user: 7,
+    }];
+    qp.post_send(&mut work).unwrap();
+    assert!(work.is_empty());
+    let completion = next_completion(qp.cq());
+    let done = Done {
+        status: completion.status(),
+        byte_len: completion.byte_len(),
+    };
+    let mut retired = Vec::new();
+    assert_eq!(qp.retire(completion, &mut retired), Ok(1));
+    assert_eq!(retired[0].0, 7);
+    assert_eq!(qp.in_flight(), 0);
+    done
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -109,17 +137,49 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// A Vec registered as an MR; the Vec lives as long as the MR (dropped after it).
+/// Heap memory registered as an MR. Work requests hold it through [`Keep`], so its bytes
+/// are freed only once the MR is gone and no request holds it any more.
 struct Registered {
-    mr: MemoryRegion,
-    bytes: Vec<u8>,
+    mr: ManuallyDrop<MemoryRegion>,
+    bytes: *mut u8,
+    len: usize,
 }
 
-fn register(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Registered {
-    let mut bytes = vec![0u8; len];
-    // SAFETY: the Vec is never reallocated and is dropped after the MR (field order).
-    let mr = unsafe { MemoryRegion::register(pd, bytes.as_mut_ptr(), len, access) }.unwrap();
-    Registered { mr, bytes }
+// SAFETY: the bytes are reached only through raw pointers (the NIC writes them anyway); the
+// MR is Send + Sync.
+unsafe impl Send for Registered {}
+// SAFETY: see Send.
+unsafe impl Sync for Registered {}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        // SAFETY: dropped exactly once, here, before the memory it registers is freed.
+        unsafe { ManuallyDrop::drop(&mut self.mr) };
+        // SAFETY: `bytes` came from `Box::into_raw` of a slice of `len` bytes in `register`.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.bytes, self.len)) });
+    }
+}
+
+/// Keeps a [`Registered`] alive while a work request uses it.
+struct Keep(Arc<Registered>);
+
+// SAFETY: the bytes of a `Registered` are freed only in its Drop, which runs when the last
+// Arc — this one included — goes; the range never changes.
+unsafe impl MemoryGuard for Keep {
+    fn span(&self) -> (usize, usize) {
+        (self.0.bytes as usize, self.0.len)
+    }
+}
+
+fn register(pd: &Arc<ProtectionDomain>, len: usize, access: Access) -> Arc<Registered> {
+    let bytes = Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>();
+    // SAFETY: the memory is freed only after this MR is dropped (`Registered`'s Drop).
+    let mr = unsafe { MemoryRegion::register(pd, bytes, len, access) }.unwrap();
+    Arc::new(Registered {
+        mr: ManuallyDrop::new(mr),
+        bytes,
+        len,
+    })
 }
 
 impl Registered {
@@ -135,16 +195,23 @@ impl Registered {
         (self.mr.addr() + offset) as u64
     }
 
+    fn rkey(&self) -> u32 {
+        self.mr.rkey()
+    }
+
     /// Reads the bytes the NIC wrote, without letting the compiler assume it knows them.
     fn read(&self, offset: usize, len: usize) -> Vec<u8> {
+        assert!(offset + len <= self.len);
         (offset..offset + len)
-            // SAFETY: in bounds of the Vec; volatile because the device wrote behind our back.
-            .map(|i| unsafe { std::ptr::read_volatile(self.bytes.as_ptr().add(i)) })
+            // SAFETY: in bounds (checked); volatile because the device writes behind our back.
+            .map(|i| unsafe { std::ptr::read_volatile(self.bytes.add(i)) })
             .collect()
     }
 
-    fn write(&mut self, offset: usize, data: &[u8]) {
-        self.bytes[offset..offset + data.len()].copy_from_slice(data);
+    fn write(&self, offset: usize, data: &[u8]) {
+        assert!(offset + data.len() <= self.len);
+        // SAFETY: in bounds (checked); raw copy, as the device may touch these bytes too.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.bytes.add(offset), data.len()) };
     }
 }
 
@@ -153,7 +220,7 @@ impl Registered {
 fn write_and_read_move_exact_bytes_at_every_size_and_offset() {
     let _ = NEEDS_RXE;
     let qps = Loop::new();
-    let mut local = register(&qps.pd, 64 << 20, Access::REMOTE);
+    let local = register(&qps.pd, 64 << 20, Access::REMOTE);
     let remote = register(&qps.pd, 64 << 20, Access::REMOTE);
     for (round, (len, local_off, remote_off)) in [
         (1usize, 0usize, 0usize),
@@ -170,9 +237,11 @@ fn write_and_read_move_exact_bytes_at_every_size_and_offset() {
         let done = qps.run(
             SendOp::Write {
                 remote_addr: remote.remote(remote_off),
-                rkey: remote.mr.rkey(),
+                rkey: remote.rkey(),
             },
-            local.sge(local_off, len),
+            &local,
+            local_off,
+            len,
         );
         assert_eq!(done.status, Ok(()), "write of {len}");
         assert!(
@@ -184,9 +253,11 @@ fn write_and_read_move_exact_bytes_at_every_size_and_offset() {
         let done = qps.run(
             SendOp::Read {
                 remote_addr: remote.remote(remote_off),
-                rkey: remote.mr.rkey(),
+                rkey: remote.rkey(),
             },
-            local.sge(local_off, len),
+            &local,
+            local_off,
+            len,
         );
         assert_eq!(done.status, Ok(()), "read of {len}");
         assert_eq!(done.byte_len as usize, len);
@@ -207,9 +278,11 @@ fn bad_keys_and_addresses_are_typed_completion_errors_and_the_qp_recovers() {
     let done = qps.run(
         SendOp::Write {
             remote_addr: remote.remote(0),
-            rkey: remote.mr.rkey() ^ 0x5a5a_0000,
+            rkey: remote.rkey() ^ 0x5a5a_0000,
         },
-        local.sge(0, 4096),
+        &local,
+        0,
+        4096,
     );
     assert_eq!(
         done.status.unwrap_err().code,
@@ -223,9 +296,11 @@ fn bad_keys_and_addresses_are_typed_completion_errors_and_the_qp_recovers() {
     let ok = qps.run(
         SendOp::Write {
             remote_addr: remote.remote(0),
-            rkey: remote.mr.rkey(),
+            rkey: remote.rkey(),
         },
-        local.sge(0, 4096),
+        &local,
+        0,
+        4096,
     );
     assert_eq!(ok.status, Ok(()));
 
@@ -234,9 +309,11 @@ fn bad_keys_and_addresses_are_typed_completion_errors_and_the_qp_recovers() {
     let done = qps.run(
         SendOp::Write {
             remote_addr: remote.remote((1 << 20) - 100),
-            rkey: remote.mr.rkey(),
+            rkey: remote.rkey(),
         },
-        local.sge(0, 4096),
+        &local,
+        0,
+        4096,
     );
     assert_eq!(
         done.status.unwrap_err().code,
@@ -261,17 +338,21 @@ fn granted_access_is_the_access_asked_for() {
     let done = qps.run(
         SendOp::Write {
             remote_addr: write_only.remote(0),
-            rkey: write_only.mr.rkey(),
+            rkey: write_only.rkey(),
         },
-        local.sge(0, 4096),
+        &local,
+        0,
+        4096,
     );
     assert_eq!(done.status, Ok(()), "a write into a write-only region");
     let done = qps.run(
         SendOp::Read {
             remote_addr: write_only.remote(0),
-            rkey: write_only.mr.rkey(),
+            rkey: write_only.rkey(),
         },
-        local.sge(0, 4096),
+        &local,
+        0,
+        4096,
     );
     assert_eq!(
         done.status.unwrap_err().code,
@@ -286,11 +367,8 @@ static mut STATIC_BUFFER: [u8; 65536] = [0; 65536];
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs"]
 fn every_kind_of_process_memory_registers_and_moves_data() {
     let qps = Loop::new();
-    let source = {
-        let mut s = register(&qps.pd, 65536, Access::REMOTE);
-        s.write(0, &pattern(99, 65536));
-        s
-    };
+    let source = register(&qps.pd, 65536, Access::REMOTE);
+    source.write(0, &pattern(99, 65536));
     let len = 65536usize;
     // SAFETY: anonymous private mapping of `len` bytes, unmapped at the end of the test.
     let anon = unsafe {
@@ -359,7 +437,9 @@ fn every_kind_of_process_memory_registers_and_moves_data() {
                 remote_addr: ptr as u64,
                 rkey: mr.rkey(),
             },
-            source.sge(0, len),
+            &source,
+            0,
+            len,
         );
         assert_eq!(done.status, Ok(()), "{kind}");
         // SAFETY: `ptr` is valid for `len` bytes; volatile since the NIC wrote them.
@@ -382,7 +462,7 @@ fn every_kind_of_process_memory_registers_and_moves_data() {
 }
 
 /// What one side of the two-process test tells the other, one line on a pipe.
-fn endpoint_line(qp: &QueuePair, gid: tern_verbs::Gid, addr: u64, rkey: u32) -> String {
+fn endpoint_line(qp: &Qp, gid: tern_verbs::Gid, addr: u64, rkey: u32) -> String {
     format!("QP {} {gid} {addr} {rkey}", qp.qp_num())
 }
 
@@ -398,9 +478,9 @@ fn parse_endpoint(line: &str) -> (u32, tern_verbs::Gid, u64, u32) {
 }
 
 struct Side {
-    qp: QueuePair,
+    qp: Qp,
     cq: Arc<CompletionQueue>,
-    memory: Registered,
+    memory: Arc<Registered>,
     gid: tern_verbs::Gid,
     path: PathConfig,
 }
@@ -408,7 +488,7 @@ struct Side {
 fn side() -> Side {
     let (context, pd, path, gid) = open_device();
     let cq = CompletionQueue::new(&context, 64).unwrap();
-    let qp = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+    let qp = Qp::new_rc(&pd, &cq, QpCaps::default()).unwrap();
     let memory = register(&pd, 1 << 20, Access::REMOTE);
     Side {
         qp,
@@ -435,11 +515,11 @@ impl Side {
 /// The child process: publishes its QP and memory, connects, waits until told to stop.
 fn qp_child() {
     use std::io::BufRead;
-    let mut me = side();
+    let me = side();
     me.memory.write(0, &pattern(42, 1 << 20));
     println!(
         "{}",
-        endpoint_line(&me.qp, me.gid, me.memory.remote(0), me.memory.mr.rkey())
+        endpoint_line(&me.qp, me.gid, me.memory.remote(0), me.memory.rkey())
     );
     let mut lines = std::io::stdin().lock().lines();
     let (qpn, gid, _, _) = parse_endpoint(&lines.next().unwrap().unwrap());
@@ -486,16 +566,13 @@ fn a_queue_pair_between_two_processes_moves_data() {
         }
     };
     let (qpn, gid, remote_addr, rkey) = parse_endpoint(&next_line("QP "));
-    let mut me = side();
+    let me = side();
     writeln!(to_child, "{}", endpoint_line(&me.qp, me.gid, 0, 0)).unwrap();
     me.connect_to(qpn, gid);
     next_line("CONNECTED");
-    let run = |me: &Side, op: SendOp, sge: Sge| post_and_wait(&me.qp, op, sge).status;
-    let read = run(
-        &me,
-        SendOp::Read { remote_addr, rkey },
-        me.memory.sge(0, 1 << 20),
-    );
+    let run =
+        |me: &Side, op: SendOp, len: usize| post_and_wait(&me.qp, op, &me.memory, 0, len).status;
+    let read = run(&me, SendOp::Read { remote_addr, rkey }, 1 << 20);
     assert_eq!(read, Ok(()));
     assert!(
         me.memory.read(0, 1 << 20) == pattern(42, 1 << 20),
@@ -508,7 +585,7 @@ fn a_queue_pair_between_two_processes_moves_data() {
             remote_addr: remote_addr + 4096,
             rkey,
         },
-        me.memory.sge(0, 4096),
+        4096,
     );
     assert_eq!(write, Ok(()));
     writeln!(to_child, "DONE").unwrap();
@@ -521,9 +598,9 @@ fn a_queue_pair_between_two_processes_moves_data() {
 fn send_receive_and_write_with_immediate_wake_a_blocking_waiter() {
     let (context, pd, path, gid) = open_device();
     let cq = CompletionQueue::with_channel(&context, 64).unwrap();
-    let a = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
-    let b = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
-    let peer = |qp: &QueuePair| Peer {
+    let a = Qp::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+    let b = Qp::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+    let peer = |qp: &Qp| Peer {
         qp_num: qp.qp_num(),
         psn: 0,
         gid,
@@ -531,39 +608,44 @@ fn send_receive_and_write_with_immediate_wake_a_blocking_waiter() {
     };
     a.connect(&peer(&b), &path).unwrap();
     b.connect(&peer(&a), &path).unwrap();
-    let mut sender = register(&pd, 4096, Access::REMOTE);
+    let sender = register(&pd, 4096, Access::REMOTE);
     let receiver = register(&pd, 4096, Access::REMOTE);
-    b.post_recv(&[
-        (100, vec![receiver.sge(0, 256)]),
-        (101, vec![receiver.sge(256, 256)]),
-    ])
-    .unwrap();
+    let receive = |offset: usize, user: u64| RecvWork {
+        local: receiver.sge(offset, 256),
+        guard: Keep(receiver.clone()),
+        user,
+    };
+    b.post_recv(&mut vec![receive(0, 100), receive(256, 101)])
+        .unwrap();
 
     // Nothing happened yet: the waiter sleeps for its timeout and takes nothing.
-    let mut out = [Completion::EMPTY; 4];
+    let mut out = Vec::new();
     let started = Instant::now();
-    assert_eq!(cq.wait(&mut out, Duration::from_millis(300)).unwrap(), 0);
+    assert_eq!(cq.wait(&mut out, 4, Duration::from_millis(300)).unwrap(), 0);
     assert!(started.elapsed() >= Duration::from_millis(250));
 
     sender.write(0, b"small control message");
-    let send = SendRequest {
-        wr_id: 1,
-        op: SendOp::Send,
-        sges: vec![sender.sge(0, 21)],
-        signaled: true,
-    };
-    let write_imm = SendRequest {
-        wr_id: 2,
-        op: SendOp::WriteWithImm {
-            remote_addr: receiver.remote(1024),
-            rkey: receiver.mr.rkey(),
-            imm: 0xC0FFEE,
+    let mut sends = vec![
+        SendWork {
+            op: SendOp::Send,
+            local: sender.sge(0, 21),
+            guard: Keep(sender.clone()),
+            user: 1,
         },
-        sges: vec![sender.sge(0, 5)],
-        signaled: true,
-    };
-    a.post_send(&[send, write_imm]).unwrap();
+        SendWork {
+            op: SendOp::WriteWithImm {
+                remote_addr: receiver.remote(1024),
+                rkey: receiver.rkey(),
+                imm: 0xC0FFEE,
+            },
+            local: sender.sge(0, 5),
+            guard: Keep(sender.clone()),
+            user: 2,
+        },
+    ];
+    a.post_send(&mut sends).unwrap();
 
+    // Each completion, read and then retired on its QP: (value, status, bytes, immediate).
     let mut seen = Vec::new();
     let started = Instant::now();
     while seen.len() < 4 {
@@ -571,16 +653,32 @@ fn send_receive_and_write_with_immediate_wake_a_blocking_waiter() {
             started.elapsed() < Duration::from_secs(120),
             "completions: {seen:?}"
         );
-        let got = cq.wait(&mut out, Duration::from_secs(10)).unwrap();
-        seen.extend_from_slice(&out[..got]);
+        cq.wait(&mut out, 4, Duration::from_secs(10)).unwrap();
+        for completion in out.drain(..) {
+            let facts = (completion.status(), completion.byte_len(), completion.imm());
+            let qp = if completion.qp_num() == b.qp_num() {
+                &b
+            } else {
+                &a
+            };
+            let mut retired = Vec::new();
+            qp.retire(completion, &mut retired).unwrap();
+            for (user, outcome) in retired {
+                seen.push((user, outcome, facts));
+            }
+        }
     }
-    assert!(seen.iter().all(|c| c.status.is_ok()), "{seen:?}");
-    let recv_send = seen.iter().find(|c| c.wr_id == 100).unwrap();
-    assert_eq!((recv_send.byte_len, recv_send.imm), (21, None));
+    assert!(
+        seen.iter()
+            .all(|(_, outcome, (status, _, _))| *outcome == Outcome::Done && status.is_ok()),
+        "{seen:?}"
+    );
+    let facts_of = |user: u64| seen.iter().find(|s| s.0 == user).unwrap().2;
+    assert_eq!(facts_of(100), (Ok(()), 21, None));
     assert_eq!(receiver.read(0, 21), b"small control message");
-    let recv_imm = seen.iter().find(|c| c.wr_id == 101).unwrap();
-    assert_eq!(recv_imm.imm, Some(0xC0FFEE));
+    assert_eq!(facts_of(101).2, Some(0xC0FFEE));
     assert_eq!(receiver.read(1024, 5), b"small");
+    assert_eq!(a.in_flight() + b.in_flight(), 0);
 }
 
 #[test]
@@ -623,4 +721,152 @@ fn a_low_locked_memory_limit_is_a_clear_error() {
         .status()
         .unwrap();
     assert!(status.success(), "the unprivileged check failed: {status}");
+}
+
+/// Polls `cq` and retires every completion on `qp` until nothing is in flight there;
+/// returns the outcomes in posting order.
+fn drain(qp: &Qp, cq: &CompletionQueue) -> Vec<(u64, Outcome<CompletionError>)> {
+    let mut retired = Vec::new();
+    let mut out = Vec::new();
+    let started = Instant::now();
+    while qp.in_flight() > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "{} request(s) never completed",
+            qp.in_flight()
+        );
+        if cq.poll(&mut out, 64).unwrap() == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        for completion in out.drain(..) {
+            qp.retire(completion, &mut retired).unwrap();
+        }
+    }
+    retired
+}
+
+/// `count` requests of `block` bytes each from `local` (request `i` at `i * block` on both
+/// sides), one chain.
+fn post_blocks(
+    qp: &Qp,
+    local: &Arc<Registered>,
+    count: usize,
+    block: usize,
+    op: impl Fn(usize) -> SendOp,
+) {
+    let mut work: Vec<SendWork<Keep, u64>> = (0..count)
+        .map(|i| SendWork {
+            op: op(i * block),
+            local: local.sge(i * block, block),
+            guard: Keep(local.clone()),
+            user: i as u64,
+        })
+        .collect();
+    qp.post_send(&mut work).unwrap();
+}
+
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs"]
+fn deregistering_under_outstanding_requests_fails_them_and_never_touches_freed_memory() {
+    const BLOCK: usize = 64 << 10;
+    const COUNT: usize = 1024;
+    let (context, pd, path, gid) = open_device();
+    let cq = CompletionQueue::new(&context, 4096).unwrap();
+    let caps = QpCaps {
+        max_send_wr: COUNT as u32,
+        ..QpCaps::default()
+    };
+    let a = Qp::new_rc(&pd, &cq, caps).unwrap();
+    let b = Qp::new_rc(&pd, &cq, caps).unwrap();
+    let peer = |qp: &Qp| Peer {
+        qp_num: qp.qp_num(),
+        psn: 0,
+        gid,
+        lid: 0,
+    };
+    a.connect(&peer(&b), &path).unwrap();
+    b.connect(&peer(&a), &path).unwrap();
+    let source = register(&pd, COUNT * BLOCK, Access::REMOTE);
+    source.write(0, &pattern(3, COUNT * BLOCK));
+
+    // The peer deregisters its memory while 64 MiB of writes into it are outstanding: the
+    // writes still queued end in error, and once deregistration has returned the NIC never
+    // writes those bytes again, whatever the initiator had posted.
+    let mut target = vec![0u8; COUNT * BLOCK];
+    let target_bytes = target.as_mut_ptr();
+    // SAFETY: `target` outlives the MR, which is dropped below, long before the Vec.
+    let target_mr =
+        unsafe { MemoryRegion::register(&pd, target_bytes, COUNT * BLOCK, Access::REMOTE) }
+            .unwrap();
+    let (target_addr, target_rkey) = (target_mr.addr() as u64, target_mr.rkey());
+    post_blocks(&a, &source, COUNT, BLOCK, |offset| SendOp::Write {
+        remote_addr: target_addr + offset as u64,
+        rkey: target_rkey,
+    });
+    drop(target_mr);
+    // The memory is the peer's to reuse now: it writes a pattern of its own.
+    // SAFETY: `target` owns these bytes; raw writes, as a NIC could still race them.
+    unsafe { std::ptr::write_bytes(target_bytes, 0xEE, COUNT * BLOCK) };
+    let outcomes = drain(&a, &cq);
+    assert_eq!(outcomes.len(), COUNT);
+    let failed: Vec<u32> = outcomes
+        .iter()
+        .filter_map(|(_, o)| match o {
+            Outcome::Failed(e) => Some(e.code),
+            Outcome::Done => None,
+        })
+        .collect();
+    assert!(
+        !failed.is_empty(),
+        "all {COUNT} writes finished before the deregistration: nothing was outstanding"
+    );
+    assert!(
+        failed[1..].iter().all(|&c| c == CompletionError::FLUSHED)
+            && [CompletionError::REMOTE_ACCESS, CompletionError::FLUSHED].contains(&failed[0]),
+        "{failed:?}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: in bounds of `target`; volatile, as only a NIC could have changed them.
+    let changed = (0..COUNT * BLOCK)
+        .filter(|&i| unsafe { std::ptr::read_volatile(target_bytes.add(i)) } != 0xEE)
+        .count();
+    assert_eq!(
+        changed, 0,
+        "bytes changed after the memory was deregistered"
+    );
+    drop(target);
+
+    // The initiator lets go of its memory while reads into it are outstanding: the requests
+    // keep it (their guards), so it is freed only once they have been retired — here by the
+    // flushes that moving the QP to the error state causes.
+    let far = register(&pd, COUNT * BLOCK, Access::REMOTE);
+    let (far_addr, far_rkey) = (far.remote(0), far.rkey());
+    let local = register(&pd, COUNT * BLOCK, Access::REMOTE);
+    let local_alive = Arc::downgrade(&local);
+    post_blocks(&a, &local, COUNT, BLOCK, |offset| SendOp::Read {
+        remote_addr: far_addr + offset as u64,
+        rkey: far_rkey,
+    });
+    drop(local);
+    assert!(
+        a.in_flight() > 0,
+        "every read finished before the memory was let go"
+    );
+    assert!(
+        local_alive.upgrade().is_some(),
+        "the memory went while reads into it were outstanding"
+    );
+    a.to_error().unwrap();
+    let outcomes = drain(&a, &cq);
+    assert!(
+        outcomes
+            .iter()
+            .any(|(_, o)| matches!(o, Outcome::Failed(e) if e.code == CompletionError::FLUSHED)),
+        "no read was flushed"
+    );
+    assert!(
+        local_alive.upgrade().is_none(),
+        "the memory outlived the retirement of every request that used it"
+    );
+    assert_eq!(a.in_flight(), 0);
 }

@@ -3,11 +3,12 @@
 //! same test; `TERN_NODE` says which side each is. Elsewhere it does nothing.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tern_verbs::{
-    Access, Completion, CompletionQueue, Context, Gid, MemoryRegion, PathConfig, Peer,
-    ProtectionDomain, QpCaps, QueuePair, SendOp, SendRequest, Sge,
+    Access, CompletionError, Context, Gid, MemoryRegion, PathConfig, Peer, ProtectionDomain,
+    QpCaps, QueuePair, SendOp, SendWork, Sge,
 };
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -36,17 +37,33 @@ fn await_file(dir: &Path, name: &str) -> String {
     }
 }
 
-fn wait_one(cq: &CompletionQueue) -> Completion {
-    let mut out = [Completion::EMPTY];
+/// Posts one request and waits for its completion, which retires it; returns its status.
+fn run(
+    qp: &QueuePair,
+    op: SendOp,
+    local: Sge,
+    mr: &Arc<MemoryRegion>,
+) -> Result<(), CompletionError> {
+    let mut work = vec![SendWork {
+        op,
+        local,
+        guard: mr.clone(),
+        user: 0,
+    }];
+    qp.post_send(&mut work).unwrap();
+    let mut out = Vec::new();
     let started = Instant::now();
-    while cq.poll(&mut out).unwrap() == 0 {
+    while qp.cq().poll(&mut out, 1).unwrap() == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(120),
             "no completion"
         );
         std::thread::sleep(Duration::from_micros(200));
     }
-    out[0]
+    let completion = out.pop().unwrap();
+    let status = completion.status();
+    qp.retire(completion, &mut Vec::new()).unwrap();
+    status
 }
 
 #[test]
@@ -63,14 +80,17 @@ fn rc_traffic_crosses_both_links_between_two_nodes() {
         let port = context.port(1).unwrap();
         let gid = context.select_gid(1, None).unwrap();
         let pd = ProtectionDomain::new(&context).unwrap();
-        let cq = CompletionQueue::new(&context, 64).unwrap();
-        let qp = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
+        let cq = tern_verbs::CompletionQueue::new(&context, 64).unwrap();
+        let qp: QueuePair = QueuePair::new_rc(&pd, &cq, QpCaps::default()).unwrap();
         let mut memory = vec![0u8; 1 << 20];
-        // SAFETY: `memory` outlives the MR, dropped at the end of this iteration first.
-        let mr = unsafe {
-            MemoryRegion::register(&pd, memory.as_mut_ptr(), memory.len(), Access::REMOTE)
-        }
-        .unwrap();
+        // SAFETY: `memory` outlives the MR: every request holding it is retired before the
+        // last Arc is dropped at the end of this iteration, before `memory`.
+        let mr = Arc::new(
+            unsafe {
+                MemoryRegion::register(&pd, memory.as_mut_ptr(), memory.len(), Access::REMOTE)
+            }
+            .unwrap(),
+        );
         let me = format!("QP {} {} {} {}", qp.qp_num(), gid.gid, mr.addr(), mr.rkey());
         publish(&sync, &format!("{node}{link}"), &me);
         let peer_name = if node == "a" { "b" } else { "a" };
@@ -118,14 +138,13 @@ fn rc_traffic_crosses_both_links_between_two_nodes() {
             publish(&sync, &format!("a{link}.verified"), "");
         } else {
             await_file(&sync, &format!("a{link}.ready"));
-            let read = SendRequest {
-                wr_id: 1,
-                op: SendOp::Read { remote_addr, rkey },
-                sges: vec![sge(0, 1 << 20)],
-                signaled: true,
-            };
-            qp.post_send(&[read]).unwrap();
-            assert_eq!(wait_one(&cq).status, Ok(()), "link {link}: read");
+            let read = run(
+                &qp,
+                SendOp::Read { remote_addr, rkey },
+                sge(0, 1 << 20),
+                &mr,
+            );
+            assert_eq!(read, Ok(()), "link {link}: read");
             // SAFETY: in bounds; volatile because the NIC wrote it.
             let got: Vec<u8> = (0..1 << 20)
                 .map(|i| unsafe { std::ptr::read_volatile(memory.as_ptr().add(i)) })
@@ -135,17 +154,16 @@ fn rc_traffic_crosses_both_links_between_two_nodes() {
                 "link {link}: read the wrong bytes"
             );
             memory[..4096].copy_from_slice(&pattern(100 + link, 4096));
-            let write = SendRequest {
-                wr_id: 2,
-                op: SendOp::Write {
+            let write = run(
+                &qp,
+                SendOp::Write {
                     remote_addr: remote_addr + 4096,
                     rkey,
                 },
-                sges: vec![sge(0, 4096)],
-                signaled: true,
-            };
-            qp.post_send(&[write]).unwrap();
-            assert_eq!(wait_one(&cq).status, Ok(()), "link {link}: write");
+                sge(0, 4096),
+                &mr,
+            );
+            assert_eq!(write, Ok(()), "link {link}: write");
             publish(&sync, &format!("b{link}.done"), "");
             await_file(&sync, &format!("a{link}.verified"));
         }

@@ -12,9 +12,12 @@ use tern_memreg::nic::{NicKeys, register_on_devices};
 use tern_memreg::{AlignedBuffer, MemoryRegistry, Region, RegionPin};
 use tern_metadata::rpc::{RpcServer, RpcServerConfig, RpcType};
 use tern_verbs::{
-    Access, Completion, CompletionQueue, Context, Gid, PathConfig, Peer, ProtectionDomain, QpCaps,
-    QueuePair, SendOp, SendRequest, Sge,
+    Access, CompletionError, CompletionQueue, Context, Gid, PathConfig, Peer, ProtectionDomain,
+    QpCaps, QueuePair, SendOp, SendWork, Sge,
 };
+
+/// The stand-in's QPs: each request holds a pin on the stand-in's memory.
+pub type StandinQp = QueuePair<RegionPin, u64>;
 
 const RECORDING: &str = include_str!("../golden/mooncake-rdma-connection-rpc.txt");
 const SEGMENT: &str = include_str!("../golden/mooncake-rdma-segment.json");
@@ -111,10 +114,10 @@ impl Verbs {
     }
 
     /// `n` RC QPs in INIT.
-    pub fn qps(&self, n: usize) -> Vec<QueuePair> {
+    pub fn qps(&self, n: usize) -> Vec<StandinQp> {
         (0..n)
             .map(|_| {
-                let qp = QueuePair::new_rc(&self.pd, &self.cq, QpCaps::default()).unwrap();
+                let qp = StandinQp::new_rc(&self.pd, &self.cq, QpCaps::default()).unwrap();
                 qp.to_init(1).unwrap();
                 qp
             })
@@ -122,7 +125,7 @@ impl Verbs {
     }
 
     /// Connects QP i to the peer's QP i.
-    pub fn connect(&self, qps: &[QueuePair], gid: Gid, peer_qps: &[u32]) {
+    pub fn connect(&self, qps: &[StandinQp], gid: Gid, peer_qps: &[u32]) {
         assert_eq!(qps.len(), peer_qps.len());
         for (qp, &qp_num) in qps.iter().zip(peer_qps) {
             let peer = Peer {
@@ -136,29 +139,39 @@ impl Verbs {
         }
     }
 
-    /// Posts one signalled request on `qp` and waits for its completion.
-    pub fn run(&self, qp: &QueuePair, op: SendOp, offset: usize, len: usize) -> Completion {
-        let request = SendRequest {
-            wr_id: 1,
+    /// Posts one request on `qp` (holding a pin on the memory) and waits for its completion,
+    /// which retires it; returns its status.
+    pub fn run(
+        &self,
+        qp: &StandinQp,
+        op: SendOp,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), CompletionError> {
+        let mut work = vec![SendWork {
             op,
-            sges: vec![Sge {
+            local: Sge {
                 addr: (self.addr() + offset) as u64,
                 len: len as u32,
                 lkey: self.keys.lkeys[0],
-            }],
-            signaled: true,
-        };
-        qp.post_send(&[request]).unwrap();
+            },
+            guard: self.pin.clone(),
+            user: 1,
+        }];
+        qp.post_send(&mut work).unwrap();
         let started = Instant::now();
-        let mut out = [Completion::EMPTY];
-        while self.cq.poll(&mut out).unwrap() == 0 {
+        let mut out = Vec::new();
+        while self.cq.poll(&mut out, 1).unwrap() == 0 {
             assert!(
                 started.elapsed() < Duration::from_secs(120),
                 "no completion"
             );
             std::thread::sleep(Duration::from_micros(200));
         }
-        out[0]
+        let completion = out.pop().unwrap();
+        let status = completion.status();
+        qp.retire(completion, &mut Vec::new()).unwrap();
+        status
     }
 
     pub fn write_at(&self, offset: usize, bytes: &[u8]) {
@@ -204,7 +217,7 @@ impl StandIn {
         let verbs = Arc::new(Verbs::open(device, len));
         let exchanges = Arc::new(Mutex::new(Vec::new()));
         let name: Arc<OnceLock<String>> = Arc::new(OnceLock::new());
-        let connected: Arc<Mutex<Vec<QueuePair>>> = Arc::new(Mutex::new(Vec::new()));
+        let connected: Arc<Mutex<Vec<StandinQp>>> = Arc::new(Mutex::new(Vec::new()));
         let golden = golden();
         let handler = {
             let (verbs, exchanges, name, device) = (
@@ -236,7 +249,7 @@ impl StandIn {
                             reply["local_nic_path"] = json!(format!("{me}@{device}"));
                             reply["peer_nic_path"] = request["local_nic_path"].clone();
                             reply["qp_num"] =
-                                json!(qps.iter().map(QueuePair::qp_num).collect::<Vec<_>>());
+                                json!(qps.iter().map(StandinQp::qp_num).collect::<Vec<_>>());
                             connected.lock().unwrap().extend(qps);
                             wire(&reply)
                         };
