@@ -218,6 +218,9 @@ impl TransferEngineBuilder {
             rpc_port,
         };
         let segment_name = store.segment_name(&local_server_name, &rpc_meta);
+        let mut rpc_client = rpc_client;
+        rpc_client.local_segment = segment_name.clone();
+        let server_segment = segment_name.clone();
         let mut serve_error = None;
 
         let inner = Arc::new_cyclic(|weak: &Weak<EngineInner>| EngineInner {
@@ -257,6 +260,7 @@ impl TransferEngineBuilder {
                 let handler = move |ty: RpcType, body: &[u8]| handle_rpc(&weak, ty, body);
                 let config = RpcServerConfig {
                     secret,
+                    segment: server_segment,
                     ..RpcServerConfig::default()
                 };
                 RpcServer::serve(listener, config, Arc::new(handler))

@@ -32,8 +32,14 @@ impl TransferEngine {
             notify_msg: message.to_owned(),
         })
         .map_err(|e| EngineError::InvalidArgument(e.to_string()))?;
-        let reply = rpc::call(&endpoint, RpcType::Notify, &body, &self.inner.rpc_client)
-            .map_err(MetadataError::from)?;
+        let reply = rpc::call_segment(
+            &endpoint,
+            &peer.desc.name,
+            RpcType::Notify,
+            &body,
+            &self.inner.rpc_client,
+        )
+        .map_err(MetadataError::from)?;
         let accepted = serde_json::from_slice::<Notify>(&reply)
             .map(|n| !n.notify_msg.is_empty())
             .unwrap_or(false);
@@ -58,8 +64,9 @@ impl TransferEngine {
         let peer = self
             .segment(target)
             .ok_or(EngineError::UnknownSegment(target))?;
-        rpc::call(
+        rpc::call_segment(
             &peer.rpc.endpoint(),
+            &peer.desc.name,
             RpcType::Probe,
             b"{}",
             &self.inner.rpc_client,

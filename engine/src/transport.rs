@@ -63,7 +63,7 @@ impl TransportContext {
         if let Some(timeout) = connect_timeout {
             config.connect_timeout = timeout;
         }
-        rpc::call(&peer.rpc.endpoint(), ty, body, &config)
+        rpc::call_segment(&peer.rpc.endpoint(), &peer.desc.name, ty, body, &config)
     }
 
     /// The engine's cluster secret, if it has one: a transport with connections of its own
@@ -204,17 +204,27 @@ impl Slice {
     /// The slice moved all its bytes.
     pub fn complete(self) {
         let len = self.len as u64;
-        self.completion.succeed(len);
+        self.release().succeed(len);
     }
 
     /// The slice failed; its task fails with `error`.
     pub fn fail(self, error: TransferError) {
-        self.completion.fail(error);
+        self.release().fail(error);
     }
 
     /// The slice was skipped because its task had already ended (canceled, timed out or
     /// failed); nothing is recorded.
     pub fn abandon(self) {
-        self.completion.skip();
+        self.release().skip();
+    }
+
+    /// Drops the slice's pin and gives back what reports its outcome: the pin goes first, so
+    /// that whoever learns the task ended can unregister its memory at once.
+    fn release(self) -> SliceCompletion {
+        let Self {
+            local, completion, ..
+        } = self;
+        drop(local);
+        completion
     }
 }

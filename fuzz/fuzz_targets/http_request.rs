@@ -23,8 +23,13 @@ tern_fuzz::target!(|data| {
         &data[consumed - request.body.len()..consumed],
         &request.body[..]
     );
+    let token = request
+        .token
+        .as_ref()
+        .map(|t| format!("X-Tern-Auth: {t}\r\n"))
+        .unwrap_or_default();
     let mut again = format!(
-        "{} /metadata?key={} HTTP/1.1\r\nHost: h:1\r\nContent-Length: {}\r\n\r\n",
+        "{} /metadata?key={} HTTP/1.1\r\nHost: h:1\r\n{token}Content-Length: {}\r\n\r\n",
         request.method,
         escape(&request.key),
         request.body.len()

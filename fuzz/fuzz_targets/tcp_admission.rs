@@ -1,22 +1,22 @@
 //! What the TCP data server does with a stream of requests, without a socket: each 24-byte
-//! header is decoded, checked against registered memory with `MemoryRegistry::pin_remote`
-//! (the server's only admission check), and the bytes move through the pin as the server
-//! moves them (`write_prefixed_to` for reads, `read_exact_from` for writes), over a reader
-//! and a writer that take a few bytes per call. `transport-tcp`'s `serve` itself needs a
-//! `TcpStream`, so this target repeats its steps from public APIs.
+//! header is handed to `tern_transport_tcp::serve_request` — the server's own code, which
+//! admits the range against registered memory and moves the bytes — over an in-memory
+//! connection that takes and gives a few bytes per call.
 //!
 //! Two regions are registered: 8 KiB that peers may touch and 4 KiB that they may not. A
 //! header's address is an offset from the first (top bit clear) or the second (top bit set),
-//! wrapping, so every address is reachable. Properties: a range is admitted exactly when it
-//! lies wholly inside the remote-accessible region; the private one is never admitted; a read
-//! sends the status and exactly the region's bytes; a write lands exactly the bytes sent.
+//! wrapping, so every address is reachable. Properties: a request is served exactly when its
+//! range lies wholly inside the remote-accessible region; the private one is never touched; a
+//! read sends the status and exactly the region's bytes; a write lands exactly the bytes sent;
+//! a rejected v2 request is answered "address rejected" and the connection goes on; anything
+//! the server cannot answer closes the connection.
 #![cfg_attr(fuzzing, no_main)]
 
 use std::io::{self, Read, Write};
 use std::sync::OnceLock;
 
-use tern_memreg::{AlignedBuffer, MemoryRegistry, Region};
-use tern_transport_tcp::{HEADER_LEN, Header, OP_READ, OP_WRITE, Status};
+use tern_memreg::{AlignedBuffer, MemoryRegistry, Region, Staged};
+use tern_transport_tcp::{HEADER_LEN, Header, OP_READ, OP_WRITE, Status, serve_request};
 
 struct Fixture {
     registry: MemoryRegistry,
@@ -45,23 +45,25 @@ fn fixture() -> &'static Fixture {
     })
 }
 
-/// Hands over at most `step` bytes per call, as a socket may.
-struct Trickle<T> {
-    inner: T,
+/// A connection in memory: reads hand over at most `step` bytes of `input`, writes take at
+/// most `step` bytes into `output`, as a socket may.
+struct Duplex<'a> {
+    input: &'a [u8],
+    output: Vec<u8>,
     step: usize,
 }
 
-impl Read for Trickle<&[u8]> {
+impl Read for Duplex<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = buf.len().min(self.step);
-        self.inner.read(&mut buf[..n])
+        self.input.read(&mut buf[..n])
     }
 }
 
-impl Write for Trickle<Vec<u8>> {
+impl Write for Duplex<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = buf.len().min(self.step);
-        self.inner.extend_from_slice(&buf[..n]);
+        self.output.extend_from_slice(&buf[..n]);
         Ok(n)
     }
 
@@ -74,97 +76,89 @@ fn inside((start, len): (usize, usize), addr: usize, size: usize) -> bool {
     size > 0 && addr >= start && addr.checked_add(size).is_some_and(|end| end <= start + len)
 }
 
+fn bytes_at(addr: usize, len: usize) -> Vec<u8> {
+    let pin = fixture()
+        .registry
+        .pin(addr, len)
+        .expect("inside a registered region");
+    let mut out = vec![0u8; len];
+    pin.copy_to_slice(addr, &mut out).expect("inside the pin");
+    out
+}
+
 tern_fuzz::target!(|data| {
     let fx = fixture();
-    let (selector, mut stream) = tern_fuzz::split_selector(data);
-    // How much the socket takes or gives per call.
+    let (selector, stream) = tern_fuzz::split_selector(data);
+    // How much the connection takes or gives per call.
     let step = [1, 7, 64, 1000, 4096, usize::MAX][usize::from(selector) % 6];
-    let mut sent = Trickle {
-        inner: Vec::new(),
+    let mut conn = Staged::new(Duplex {
+        input: stream,
+        output: Vec::new(),
         step,
-    };
-    while let Some(bytes) = stream.get(..HEADER_LEN) {
-        let header = Header::decode(bytes.try_into().expect("24 bytes"));
-        stream = &stream[HEADER_LEN..];
-        let op = header.operation();
-        if op != OP_READ && op != OP_WRITE {
-            break; // the server closes the connection
-        }
-        let base = if header.addr >> 63 == 0 {
+    });
+    let private_before = bytes_at(fx.private.0, fx.private.1);
+    while let Some(bytes) = conn.inner.input.get(..HEADER_LEN) {
+        let wire = Header::decode(bytes.try_into().expect("24 bytes"));
+        conn.inner.input = &conn.inner.input[HEADER_LEN..];
+        let base = if wire.addr >> 63 == 0 {
             fx.open.0
         } else {
             fx.private.0
         };
-        let addr = base.wrapping_add((header.addr & !(1 << 63)) as usize);
-        let Ok(size) = usize::try_from(header.size) else {
-            break; // beyond this machine's address space: the server closes
+        let addr = base.wrapping_add((wire.addr & !(1 << 63)) as usize);
+        let header = Header {
+            addr: addr as u64,
+            ..wire
         };
-        let admitted = fx.registry.pin_remote(addr, size);
-        assert_eq!(
-            admitted.is_ok(),
-            inside(fx.open, addr, size),
-            "{addr:#x}+{size}"
-        );
-        let local = fx.registry.pin(addr, size);
-        assert_eq!(
-            local.is_ok(),
-            inside(fx.open, addr, size) || inside(fx.private, addr, size)
-        );
-        match admitted {
-            Ok(pin) => {
-                assert!(pin.info().remote_accessible);
-                let mut expected = vec![0u8; size];
-                if op == OP_READ {
-                    let status = Status::Ok.encode();
-                    let prefix: &[u8] = if header.is_v2() { &status } else { &[] };
-                    let start = sent.inner.len();
-                    pin.write_prefixed_to(prefix, addr, size, &mut sent)
-                        .expect("a writer that always takes something");
-                    pin.copy_to_slice(addr, &mut expected)
-                        .expect("inside the pin");
-                    assert_eq!(&sent.inner[start..start + prefix.len()], prefix);
-                    assert_eq!(&sent.inner[start + prefix.len()..], &expected[..]);
-                } else {
-                    let body = stream.get(..size).map(<[u8]>::to_vec);
-                    let mut reader = Trickle {
-                        inner: stream,
-                        step,
-                    };
-                    let read = pin.read_exact_from(addr, size, &mut reader);
-                    let Some(body) = body else {
-                        assert!(read.is_err(), "a short body must fail");
-                        break;
-                    };
-                    read.expect("a whole body reads");
-                    stream = reader.inner;
-                    pin.copy_to_slice(addr, &mut expected)
-                        .expect("inside the pin");
-                    assert_eq!(expected, body, "the write landed");
-                    if header.is_v2() {
-                        sent.write_all(&Status::Ok.encode()).expect("Vec");
-                    }
-                }
-                // Out of the pin's region is refused, whatever the range.
-                let (start, len) = (pin.info().addr, pin.info().len);
-                assert!(pin.copy_to_slice(start + len, &mut [0u8; 1]).is_err());
-                if start > 0 {
-                    assert!(pin.copy_to_slice(start - 1, &mut [0u8; 1]).is_err());
-                }
+        let op = header.operation();
+        let size = usize::try_from(header.size).unwrap_or(usize::MAX);
+        let admitted = (op == OP_READ || op == OP_WRITE) && inside(fx.open, addr, size);
+        let body = conn.inner.input.get(..size).map(<[u8]>::to_vec);
+        let (sent_before, left_before) = (conn.inner.output.len(), conn.inner.input.len());
+        let served = serve_request(&mut conn, &header, &fx.registry);
+        let sent = &conn.inner.output[sent_before..];
+        let status = |s: Status| {
+            header
+                .is_v2()
+                .then(|| s.encode().to_vec())
+                .unwrap_or_default()
+        };
+        match (admitted, op) {
+            (true, OP_READ) => {
+                served.expect("an admitted read is served");
+                let mut expected = status(Status::Ok);
+                expected.extend(bytes_at(addr, size));
+                assert_eq!(sent, &expected[..], "a read sends the status and the bytes");
             }
-            Err(_) if !header.is_v2() => break, // v1 cannot say no: the server closes
-            Err(_) if op == OP_READ => {
-                sent.write_all(&Status::AddressRejected.encode())
-                    .expect("Vec");
-            }
-            Err(_) => {
-                // The body of a rejected write is drained to keep the stream in step.
-                let Some(rest) = stream.get(size..) else {
+            (true, _) => {
+                let Some(body) = body else {
+                    assert!(served.is_err(), "a short body must fail");
                     break;
                 };
-                stream = rest;
-                sent.write_all(&Status::AddressRejected.encode())
-                    .expect("Vec");
+                served.expect("an admitted write with its whole body is served");
+                assert_eq!(bytes_at(addr, size), body, "the write landed");
+                assert_eq!(sent, &status(Status::Ok)[..]);
+            }
+            (false, OP_READ | OP_WRITE) if header.is_v2() => {
+                if op == OP_WRITE && (body.is_none() || header.size > 256 << 20) {
+                    assert!(served.is_err(), "an undrainable rejected write closes");
+                    break;
+                }
+                served.expect("a rejected v2 request keeps the connection");
+                assert_eq!(sent, &Status::AddressRejected.encode()[..]);
+                let drained = left_before - conn.inner.input.len();
+                assert_eq!(drained, if op == OP_WRITE { size } else { 0 });
+            }
+            _ => {
+                // v1 cannot say no, and unknown opcodes are not Mooncake: the server closes.
+                assert!(served.is_err(), "{header:?} was served");
+                break;
             }
         }
     }
+    assert_eq!(
+        bytes_at(fx.private.0, fx.private.1),
+        private_before,
+        "the private region changed"
+    );
 });

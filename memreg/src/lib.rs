@@ -27,6 +27,6 @@ pub use buffer::{AlignedBuffer, HUGE_PAGE_SIZE, PAGE_SIZE, PretouchPolicy};
 pub use map::{MapError, RegionMap};
 pub use numa::{numa_node_of, resolve_location};
 pub use region::{
-    MemoryError, MemoryRegistry, Region, RegionInfo, RegionIo, RegionPin, RegionSlice, RegisterRaw,
-    Staged,
+    MemoryError, MemoryRegistry, Ready, Region, RegionInfo, RegionIo, RegionPin, RegionSlice,
+    RegisterRaw, Staged, wait_ready,
 };

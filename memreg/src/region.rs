@@ -516,6 +516,58 @@ impl RegionSlice<'_> {
     }
 }
 
+/// What [`wait_ready`] found a file descriptor ready for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ready {
+    /// Readable (data, or the peer closed).
+    pub read: bool,
+    /// Writable.
+    pub write: bool,
+    /// An error or hang-up is pending (the next read or write reports it).
+    pub failed: bool,
+}
+
+/// Waits up to `timeout` (`None`: for ever) until `fd` is readable (if `read`) or writable
+/// (if `write`): one `poll(2)`. Returns what it is ready for; nothing on timeout.
+pub fn wait_ready(
+    fd: BorrowedFd<'_>,
+    read: bool,
+    write: bool,
+    timeout: Option<std::time::Duration>,
+) -> io::Result<Ready> {
+    let mut events = 0;
+    if read {
+        events |= libc::POLLIN;
+    }
+    if write {
+        events |= libc::POLLOUT;
+    }
+    let mut pollfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    let millis = timeout.map_or(-1, |t| {
+        t.as_millis().clamp(0, i32::MAX as u128) as libc::c_int
+    });
+    // SAFETY: one valid pollfd for the duration of the call; the fd is borrowed, so open.
+    let got = unsafe { libc::poll(&mut pollfd, 1, millis) };
+    if got < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(Ready::default())
+        } else {
+            Err(e)
+        };
+    }
+    let revents = pollfd.revents;
+    Ok(Ready {
+        read: revents & libc::POLLIN != 0,
+        write: revents & libc::POLLOUT != 0,
+        failed: revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0,
+    })
+}
+
 /// A byte stream that registered memory is read into and written from without a Rust
 /// reference to it: sockets through [`RegionSlice::recv_from`] and
 /// [`RegionSlice::send_to`], anything else through [`Staged`]'s bounce buffer.
@@ -568,6 +620,22 @@ impl<T> Staged<T> {
 
 /// The bounce buffer's size: bytes moved per call.
 const BOUNCE: usize = 64 << 10;
+
+impl<T: Read> Read for Staged<T> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+impl<T: Write> Write for Staged<T> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
 
 impl<T: Read + Write> RegionIo for Staged<T> {
     fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize> {

@@ -6,40 +6,51 @@
 //! # The exchange
 //!
 //! ```text
-//!  client (connects)                               server (accepts)
-//!    Hello     { channel, Nc }        ───────▶
-//!                                     ◀───────     Challenge { channel, Ns, MACs }
+//!  client (connects)                                      server (accepts)
+//!    Hello     { channel, Nc, claims }       ───────▶
+//!                                            ◀───────     Challenge { channel, Ns, MACs }
 //!    checks MACs; on a mismatch it closes
-//!    Proof     { channel, MACc }      ───────▶
-//!                                                  checks MACc; on a mismatch it closes
+//!    Proof     { channel, MACc }             ───────▶
+//!                                                         checks MACc; on a mismatch it closes
 //!    plain Mooncake frames from here on, both ways
 //!
-//!  MACs = HMAC-SHA256(secret, "tern-auth server" | version | channel | Nc | Ns)
-//!  MACc = HMAC-SHA256(secret, "tern-auth client" | version | channel | Nc | Ns)
+//!  T    = version | channel | Nc | Ns | client segment | server segment | server endpoint
+//!  MACs = HMAC-SHA256(secret, "tern-auth server" | T)
+//!  MACc = HMAC-SHA256(secret, "tern-auth client" | T)
 //! ```
 //!
 //! `Nc` and `Ns` are 32 fresh bytes from the operating system's random source, one pair per
 //! connection. Each side's MAC covers the other side's fresh nonce, so a recorded Challenge or
 //! Proof is worthless on any other connection (no replay). The two labels differ, so a
 //! server's MAC is never a client's proof (no reflection). Version and channel are covered, so
-//! a frame cannot be moved from a data connection to an RPC one or to another version. The
-//! server proves itself first, so that a client never sends a request — for a TCP write,
+//! a frame cannot be moved from a data connection to an RPC one or to another version.
+//!
+//! Both MACs also bind what each side believes the connection joins ([`Claims`]): the client's
+//! segment name and the segment it wants (as the Hello carries them), and the server's
+//! endpoint — as the *client* dialed it in the client's MACs, as the *server* advertises it in
+//! the server's. A party without the secret that gets an honest node to dial it (by writing
+//! the metadata store, or from the path) and relays the frames to the real node therefore
+//! fails: the node it dialed is not the node that answers, so the MACs differ, and the client
+//! refuses the Challenge before it proves anything. The server also refuses at once a Hello
+//! that names another segment or endpoint than its own, saying which.
+//!
+//! The server proves itself first, so that a client never sends a request — for a TCP write,
 //! memory contents — to a node that does not know the secret. MACs are compared in constant
 //! time, and a mismatch is refused without saying which byte differed.
 //!
 //! # Frames
 //!
-//! Fixed sizes, no length field; integers are single bytes:
+//! Integers are single bytes:
 //!
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 8 | magic `TERNAUTH` |
-//! | 8 | 1 | version, 1 |
+//! | 8 | 1 | version, 2 |
 //! | 9 | 1 | channel: 1 handshake RPC, 2 TCP data |
 //! | 10 | 6 | zero |
 //! | 16 | 1 | kind: `H` (0x48) Hello, `C` (0x43) Challenge, `P` (0x50) Proof |
 //! | 17 | 7 | zero |
-//! | 24 | | Hello: `Nc` (32) — 56 bytes in all; Challenge: `Ns` (32), `MACs` (32) — 88; Proof: `MACc` (32) — 56 |
+//! | 24 | | Hello: `Nc` (32), three lengths (client segment, server segment, dialed endpoint; 0–255 each), then those UTF-8 strings — 59 bytes and the strings; Challenge: `Ns` (32), `MACs` (32) — 88; Proof: `MACc` (32) — 56 |
 //!
 //! Why this header: a node without a secret takes a Hello for its own first frame and refuses
 //! it at once rather than waiting for more bytes — as a handshake RPC frame its length
@@ -52,9 +63,9 @@
 //! # What it does not do
 //!
 //! It authenticates the two ends of a connection; it does not encrypt or sign the bytes that
-//! follow. An attacker on the path can read or change them after the exchange, or relay an
-//! exchange between two honest nodes. Against that, run Tern on a network you trust or inside
-//! an encrypted overlay (WireGuard, IPsec).
+//! follow. An attacker on the path who forwards the connection untouched, rather than dialing
+//! either side itself, can read or change the bytes after the exchange. Against that, run Tern
+//! on a network you trust or inside an encrypted overlay (WireGuard, IPsec).
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -71,16 +82,20 @@ pub const CLUSTER_SECRET_FILE_ENV: &str = "TERN_CLUSTER_SECRET_FILE";
 
 /// First 8 bytes of every frame.
 pub const MAGIC: [u8; 8] = *b"TERNAUTH";
-/// The version this build speaks.
-pub const VERSION: u8 = 1;
+/// The version this build speaks (1 bound only the nonces).
+pub const VERSION: u8 = 2;
 /// Bytes before a frame's body.
 pub const HEADER_LEN: usize = 24;
 /// Bytes of a nonce.
 pub const NONCE_LEN: usize = 32;
 /// Bytes of a MAC (HMAC-SHA256).
 pub const MAC_LEN: usize = 32;
-/// Bytes of a Hello.
-pub const HELLO_LEN: usize = HEADER_LEN + NONCE_LEN;
+/// Bytes of a Hello before its strings.
+pub const HELLO_FIXED_LEN: usize = HEADER_LEN + NONCE_LEN + 3;
+/// Longest string a Hello carries (each of its three).
+pub const MAX_CLAIM_LEN: usize = 255;
+/// Longest Hello.
+pub const HELLO_MAX_LEN: usize = HELLO_FIXED_LEN + 3 * MAX_CLAIM_LEN;
 /// Bytes of a Challenge.
 pub const CHALLENGE_LEN: usize = HEADER_LEN + NONCE_LEN + MAC_LEN;
 /// Bytes of a Proof.
@@ -137,14 +152,35 @@ impl FrameKind {
         }
     }
 
-    /// The length of a whole frame of this kind.
+    /// The length of a whole frame of this kind (a Hello's without its strings).
     pub fn frame_len(self) -> usize {
         match self {
-            Self::Hello => HELLO_LEN,
+            Self::Hello => HELLO_FIXED_LEN,
             Self::Challenge => CHALLENGE_LEN,
             Self::Proof => PROOF_LEN,
         }
     }
+}
+
+/// What a client says and believes about the connection it opens: carried in its Hello and
+/// bound into both MACs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Claims {
+    /// The client's own segment name (empty when it has none).
+    pub client_segment: String,
+    /// The segment the client wants to reach (empty: whichever answers at the endpoint).
+    pub server_segment: String,
+    /// The endpoint the client dialed, `ip:port` as the connection's peer address prints.
+    pub dialed: String,
+}
+
+/// Who a server is: what it binds into its MACs and checks a Hello's claims against.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// Its segment name.
+    pub segment: String,
+    /// The endpoint it advertises for this listener, `ip:port`.
+    pub endpoint: String,
 }
 
 /// A decoded frame.
@@ -156,6 +192,8 @@ pub enum AuthFrame {
         channel: Channel,
         /// The client's fresh nonce.
         nonce: [u8; NONCE_LEN],
+        /// Who it is and whom it wants.
+        claims: Claims,
     },
     /// Server → client.
     Challenge {
@@ -194,7 +232,8 @@ impl AuthFrame {
         }
     }
 
-    /// The frame's bytes (reserved bytes zero).
+    /// The frame's bytes (reserved bytes zero). A Hello's strings are cut to
+    /// [`MAX_CLAIM_LEN`] bytes (at a character boundary).
     pub fn encode(&self) -> Vec<u8> {
         let mut bytes = vec![0u8; self.kind().frame_len()];
         bytes[..8].copy_from_slice(&MAGIC);
@@ -203,7 +242,16 @@ impl AuthFrame {
         bytes[KIND_OFFSET] = self.kind() as u8;
         let body = &mut bytes[HEADER_LEN..];
         match self {
-            Self::Hello { nonce, .. } => body.copy_from_slice(nonce),
+            Self::Hello { nonce, claims, .. } => {
+                body[..NONCE_LEN].copy_from_slice(nonce);
+                let strings = claim_strings(claims);
+                for (i, text) in strings.iter().enumerate() {
+                    body[NONCE_LEN + i] = text.len() as u8;
+                }
+                for text in strings {
+                    bytes.extend_from_slice(text.as_bytes());
+                }
+            }
             Self::Challenge { nonce, mac, .. } => {
                 body[..NONCE_LEN].copy_from_slice(nonce);
                 body[NONCE_LEN..].copy_from_slice(mac);
@@ -212,6 +260,32 @@ impl AuthFrame {
         }
         bytes
     }
+}
+
+/// The three strings of a Hello, in wire order, each cut to [`MAX_CLAIM_LEN`] bytes.
+fn claim_strings(claims: &Claims) -> [&str; 3] {
+    [
+        &claims.client_segment,
+        &claims.server_segment,
+        &claims.dialed,
+    ]
+    .map(|text| cut(text, MAX_CLAIM_LEN))
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The whole length of the Hello whose first bytes are `bytes`, once its string lengths have
+/// arrived (`None` before).
+pub fn hello_len(bytes: &[u8]) -> Option<usize> {
+    let lengths = bytes.get(HEADER_LEN + NONCE_LEN..HELLO_FIXED_LEN)?;
+    Some(HELLO_FIXED_LEN + lengths.iter().map(|&l| usize::from(l)).sum::<usize>())
 }
 
 /// Decodes one whole frame; any other length, or any header field out of place, is an error.
@@ -238,9 +312,13 @@ pub fn decode_frame(bytes: &[u8]) -> Result<AuthFrame, AuthError> {
     if reserved.any(|&b| b != 0) {
         return Err(AuthError::ReservedNotZero);
     }
-    if bytes.len() != kind.frame_len() {
+    let expected = match kind {
+        FrameKind::Hello => hello_len(bytes).unwrap_or(HELLO_FIXED_LEN),
+        other => other.frame_len(),
+    };
+    if bytes.len() != expected {
         return Err(AuthError::BadLength {
-            expected: kind.frame_len(),
+            expected,
             got: bytes.len(),
         });
     }
@@ -251,10 +329,27 @@ pub fn decode_frame(bytes: &[u8]) -> Result<AuthFrame, AuthError> {
         out
     };
     Ok(match kind {
-        FrameKind::Hello => AuthFrame::Hello {
-            channel,
-            nonce: take32(0),
-        },
+        FrameKind::Hello => {
+            let mut at = HELLO_FIXED_LEN;
+            let mut text = |i: usize| {
+                let len = usize::from(bytes[HEADER_LEN + NONCE_LEN + i]);
+                let slice = &bytes[at..at + len];
+                at += len;
+                std::str::from_utf8(slice)
+                    .map(str::to_owned)
+                    .map_err(|_| AuthError::BadClaim)
+            };
+            let claims = Claims {
+                client_segment: text(0)?,
+                server_segment: text(1)?,
+                dialed: text(2)?,
+            };
+            AuthFrame::Hello {
+                channel,
+                nonce: take32(0),
+                claims,
+            }
+        }
         FrameKind::Challenge => AuthFrame::Challenge {
             channel,
             nonce: take32(0),
@@ -315,6 +410,28 @@ pub enum AuthError {
     /// Bytes that must be zero are not: not a frame this version writes.
     #[error("reserved bytes of an authentication frame are not zero")]
     ReservedNotZero,
+    /// A Hello's strings are not UTF-8.
+    #[error("an authentication hello whose names are not UTF-8")]
+    BadClaim,
+    /// The client wants another segment than this node's: its metadata points it at the wrong
+    /// node (a stale or forged entry, or a relay). Check the metadata store.
+    #[error("the peer wants segment {wanted:?}, but this is {here:?}")]
+    NotThisSegment {
+        /// The segment the client asked for.
+        wanted: String,
+        /// This node's segment.
+        here: String,
+    },
+    /// The client dialed another endpoint than the one this node advertises: something
+    /// between them forwards the connection (a relay, or address translation). Make the
+    /// advertised address (`MC_TCP_BIND_ADDRESS`) the one peers dial.
+    #[error("the peer dialed {dialed}, but this node is {here}")]
+    NotThisEndpoint {
+        /// The endpoint the client dialed.
+        dialed: String,
+        /// This node's advertised endpoint.
+        here: String,
+    },
     /// A well-formed frame arrived out of turn.
     #[error("expected an authentication {expected:?}, got a {got:?}")]
     UnexpectedFrame {
@@ -442,32 +559,27 @@ impl ClusterSecret {
         }
     }
 
-    fn mac_for(
-        &self,
-        label: &[u8],
-        channel: Channel,
-        client_nonce: &[u8; NONCE_LEN],
-        server_nonce: &[u8; NONCE_LEN],
-    ) -> Hmac<Sha256> {
+    fn mac_for(&self, label: &[u8], transcript: &Transcript<'_>) -> Hmac<Sha256> {
         let mut mac = self.keyed.clone();
         mac.update(label);
-        mac.update(&[VERSION, channel as u8]);
-        mac.update(client_nonce);
-        mac.update(server_nonce);
+        mac.update(&[VERSION, transcript.channel as u8]);
+        mac.update(transcript.client_nonce);
+        mac.update(transcript.server_nonce);
+        for text in [
+            transcript.client_segment,
+            transcript.server_segment,
+            transcript.server_endpoint,
+        ] {
+            // Length-prefixed, so that no two transcripts run together into the same bytes.
+            let text = cut(text, MAX_CLAIM_LEN);
+            mac.update(&[text.len() as u8]);
+            mac.update(text.as_bytes());
+        }
         mac
     }
 
-    fn sign(
-        &self,
-        label: &[u8],
-        channel: Channel,
-        client_nonce: &[u8; NONCE_LEN],
-        server_nonce: &[u8; NONCE_LEN],
-    ) -> [u8; MAC_LEN] {
-        let tag = self
-            .mac_for(label, channel, client_nonce, server_nonce)
-            .finalize()
-            .into_bytes();
+    fn sign(&self, label: &[u8], transcript: &Transcript<'_>) -> [u8; MAC_LEN] {
+        let tag = self.mac_for(label, transcript).finalize().into_bytes();
         let mut out = [0u8; MAC_LEN];
         out.copy_from_slice(&tag);
         out
@@ -477,15 +589,61 @@ impl ClusterSecret {
     fn check(
         &self,
         label: &[u8],
-        channel: Channel,
-        client_nonce: &[u8; NONCE_LEN],
-        server_nonce: &[u8; NONCE_LEN],
+        transcript: &Transcript<'_>,
         tag: &[u8; MAC_LEN],
     ) -> Result<(), AuthError> {
-        self.mac_for(label, channel, client_nonce, server_nonce)
+        self.mac_for(label, transcript)
             .verify_slice(tag)
             .map_err(|_| AuthError::BadProof)
     }
+
+    fn keyed_parts(&self, label: &[u8], parts: &[&[u8]]) -> Hmac<Sha256> {
+        let mut mac = self.keyed.clone();
+        mac.update(label);
+        for part in parts {
+            mac.update(&(part.len() as u64).to_le_bytes());
+            mac.update(part);
+        }
+        mac
+    }
+
+    /// A MAC over `parts` (each length-prefixed) under `label`, in hex: what sealed values in
+    /// metadata stores carry ([`crate::seal`]).
+    pub fn tag_hex(&self, label: &[u8], parts: &[&[u8]]) -> String {
+        self.keyed_parts(label, parts)
+            .finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// Whether `hex` is the MAC [`tag_hex`](Self::tag_hex) gives for `label` and `parts`,
+    /// compared in constant time.
+    pub fn tag_matches(&self, label: &[u8], parts: &[&[u8]], hex: &str) -> bool {
+        from_hex(hex).is_some_and(|tag| self.keyed_parts(label, parts).verify_slice(&tag).is_ok())
+    }
+}
+
+fn from_hex(hex: &str) -> Option<Vec<u8>> {
+    if hex.len() != 2 * MAC_LEN || !hex.is_ascii() {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+        .collect()
+}
+
+/// What both MACs of one exchange cover.
+struct Transcript<'a> {
+    channel: Channel,
+    client_nonce: &'a [u8; NONCE_LEN],
+    server_nonce: &'a [u8; NONCE_LEN],
+    client_segment: &'a str,
+    server_segment: &'a str,
+    /// On the client's side the endpoint it dialed; on the server's the one it advertises.
+    server_endpoint: &'a str,
 }
 
 fn fresh_nonce() -> Result<[u8; NONCE_LEN], AuthError> {
@@ -519,42 +677,65 @@ pub struct ClientExchange {
     secret: ClusterSecret,
     channel: Channel,
     nonce: [u8; NONCE_LEN],
+    claims: Claims,
 }
 
 impl ClientExchange {
-    /// Draws a fresh nonce; returns the exchange and the Hello to send.
-    pub fn start(secret: &ClusterSecret, channel: Channel) -> Result<(Self, Vec<u8>), AuthError> {
-        Ok(Self::with_nonce(secret, channel, fresh_nonce()?))
+    /// Starts an exchange making `claims`: returns it and the Hello to send.
+    pub fn start(
+        secret: &ClusterSecret,
+        channel: Channel,
+        claims: Claims,
+    ) -> Result<(Self, Vec<u8>), AuthError> {
+        Ok(Self::with_nonce(secret, channel, claims, fresh_nonce()?))
     }
 
-    /// As [`start`](Self::start) with a given nonce — for tests that need a repeatable
-    /// exchange; a real client must use a fresh one.
+    /// As [`start`](Self::start) with a given nonce (for tests and fuzzing; a real client
+    /// needs a fresh one every time).
     pub fn with_nonce(
         secret: &ClusterSecret,
         channel: Channel,
+        claims: Claims,
         nonce: [u8; NONCE_LEN],
     ) -> (Self, Vec<u8>) {
-        let hello = AuthFrame::Hello { channel, nonce }.encode();
+        let hello = AuthFrame::Hello {
+            channel,
+            nonce,
+            claims: claims.clone(),
+        }
+        .encode();
         let exchange = Self {
             secret: secret.clone(),
             channel,
             nonce,
+            claims,
         };
         (exchange, hello)
     }
 
-    /// Checks the server's Challenge; returns the Proof to send.
+    /// The client's fresh nonce.
+    pub fn nonce(&self) -> &[u8; NONCE_LEN] {
+        &self.nonce
+    }
+
+    /// Checks the server's Challenge against this client's claims and returns the Proof to
+    /// send.
     pub fn finish(self, challenge: &[u8]) -> Result<Vec<u8>, AuthError> {
         let AuthFrame::Challenge { nonce, mac, .. } =
             expect_frame(challenge, FrameKind::Challenge, self.channel)?
         else {
             return Err(AuthError::NotAuthFrame);
         };
-        self.secret
-            .check(SERVER_LABEL, self.channel, &self.nonce, &nonce, &mac)?;
-        let mac = self
-            .secret
-            .sign(CLIENT_LABEL, self.channel, &self.nonce, &nonce);
+        let transcript = Transcript {
+            channel: self.channel,
+            client_nonce: &self.nonce,
+            server_nonce: &nonce,
+            client_segment: &self.claims.client_segment,
+            server_segment: &self.claims.server_segment,
+            server_endpoint: &self.claims.dialed,
+        };
+        self.secret.check(SERVER_LABEL, &transcript, &mac)?;
+        let mac = self.secret.sign(CLIENT_LABEL, &transcript);
         Ok(AuthFrame::Proof {
             channel: self.channel,
             mac,
@@ -571,52 +752,79 @@ pub struct ServerExchange {
     channel: Channel,
     client_nonce: [u8; NONCE_LEN],
     server_nonce: [u8; NONCE_LEN],
+    claims: Claims,
+    endpoint: String,
 }
 
 impl ServerExchange {
-    /// Reads a Hello, draws a fresh nonce; returns the exchange and the Challenge to send.
+    /// Reads a client's Hello as the server `me`: returns the exchange and the Challenge to
+    /// send. A Hello naming another segment or endpoint than `me` is refused here.
     pub fn accept(
         secret: &ClusterSecret,
         channel: Channel,
+        me: &Identity,
         hello: &[u8],
     ) -> Result<(Self, Vec<u8>), AuthError> {
         let AuthFrame::Hello {
             nonce: client_nonce,
+            claims,
             ..
         } = expect_frame(hello, FrameKind::Hello, channel)?
         else {
             return Err(AuthError::NotAuthFrame);
         };
+        let here = cut(&me.segment, MAX_CLAIM_LEN);
+        if !claims.server_segment.is_empty() && claims.server_segment != here {
+            return Err(AuthError::NotThisSegment {
+                wanted: claims.server_segment,
+                here: me.segment.clone(),
+            });
+        }
+        if !claims.dialed.is_empty() && claims.dialed != me.endpoint {
+            return Err(AuthError::NotThisEndpoint {
+                dialed: claims.dialed,
+                here: me.endpoint.clone(),
+            });
+        }
         let server_nonce = fresh_nonce()?;
-        let mac = secret.sign(SERVER_LABEL, channel, &client_nonce, &server_nonce);
+        let exchange = Self {
+            secret: secret.clone(),
+            channel,
+            client_nonce,
+            server_nonce,
+            claims,
+            endpoint: me.endpoint.clone(),
+        };
+        let mac = secret.sign(SERVER_LABEL, &exchange.transcript());
         let challenge = AuthFrame::Challenge {
             channel,
             nonce: server_nonce,
             mac,
         }
         .encode();
-        let exchange = Self {
-            secret: secret.clone(),
-            channel,
-            client_nonce,
-            server_nonce,
-        };
         Ok((exchange, challenge))
     }
 
-    /// Checks the client's Proof: `Ok` means the client knows the secret.
-    pub fn finish(self, proof: &[u8]) -> Result<(), AuthError> {
+    fn transcript(&self) -> Transcript<'_> {
+        Transcript {
+            channel: self.channel,
+            client_nonce: &self.client_nonce,
+            server_nonce: &self.server_nonce,
+            client_segment: &self.claims.client_segment,
+            server_segment: &self.claims.server_segment,
+            server_endpoint: &self.endpoint,
+        }
+    }
+
+    /// Checks the client's Proof; returns what the client claimed, now known to come from a
+    /// holder of the secret that dialed this node.
+    pub fn finish(self, proof: &[u8]) -> Result<Claims, AuthError> {
         let AuthFrame::Proof { mac, .. } = expect_frame(proof, FrameKind::Proof, self.channel)?
         else {
             return Err(AuthError::NotAuthFrame);
         };
-        self.secret.check(
-            CLIENT_LABEL,
-            self.channel,
-            &self.client_nonce,
-            &self.server_nonce,
-            &mac,
-        )
+        self.secret.check(CLIENT_LABEL, &self.transcript(), &mac)?;
+        Ok(self.claims)
     }
 }
 
@@ -626,8 +834,9 @@ pub fn client_handshake<S: Read + Write>(
     stream: &mut S,
     secret: &ClusterSecret,
     channel: Channel,
+    claims: Claims,
 ) -> Result<(), AuthError> {
-    let (exchange, hello) = ClientExchange::start(secret, channel)?;
+    let (exchange, hello) = ClientExchange::start(secret, channel, claims)?;
     send(stream, &hello, FrameKind::Challenge)?;
     let mut challenge = [0u8; CHALLENGE_LEN];
     receive(stream, &mut challenge, FrameKind::Challenge, 0)?;
@@ -636,27 +845,35 @@ pub fn client_handshake<S: Read + Write>(
     send(stream, &proof, FrameKind::Proof)
 }
 
-/// Runs the server's side over an accepted stream: reads the Hello (refusing a plain frame on
-/// its first 8 bytes), sends the Challenge, checks the Proof. `Ok` means the peer knows the
-/// secret; on `Err` nothing may be served and the connection must be closed. The caller
-/// bounds it with the stream's timeouts ([`EXCHANGE_TIMEOUT`]).
+/// Runs the server's side over an accepted stream as `me`: reads the Hello (refusing a plain
+/// frame on its first 8 bytes), sends the Challenge, checks the Proof. `Ok` means the peer
+/// knows the secret and dialed this node, and gives its claims; on `Err` nothing may be
+/// served and the connection must be closed. The caller bounds it ([`EXCHANGE_TIMEOUT`]).
 pub fn server_handshake<S: Read + Write>(
     stream: &mut S,
     secret: &ClusterSecret,
     channel: Channel,
-) -> Result<(), AuthError> {
-    let mut hello = [0u8; HELLO_LEN];
+    me: &Identity,
+) -> Result<Claims, AuthError> {
+    let mut hello = [0u8; HELLO_MAX_LEN];
     receive(stream, &mut hello[..MAGIC.len()], FrameKind::Hello, 0)?;
     if hello[..MAGIC.len()] != MAGIC {
         return Err(AuthError::NotAuthFrame);
     }
     receive(
         stream,
-        &mut hello[MAGIC.len()..],
+        &mut hello[MAGIC.len()..HELLO_FIXED_LEN],
         FrameKind::Hello,
         MAGIC.len(),
     )?;
-    let (exchange, challenge) = ServerExchange::accept(secret, channel, &hello)?;
+    let len = hello_len(&hello[..HELLO_FIXED_LEN]).unwrap_or(HELLO_FIXED_LEN);
+    receive(
+        stream,
+        &mut hello[HELLO_FIXED_LEN..len],
+        FrameKind::Hello,
+        HELLO_FIXED_LEN,
+    )?;
+    let (exchange, challenge) = ServerExchange::accept(secret, channel, me, &hello[..len])?;
     send(stream, &challenge, FrameKind::Proof)?;
     let mut proof = [0u8; PROOF_LEN];
     receive(stream, &mut proof, FrameKind::Proof, 0)?;
@@ -735,21 +952,62 @@ mod tests {
         ClusterSecret::new(s.as_bytes()).unwrap()
     }
 
+    /// Node a dialing node b at 127.0.0.1:15001.
+    fn claims() -> Claims {
+        Claims {
+            client_segment: "node-a".into(),
+            server_segment: "node-b".into(),
+            dialed: "127.0.0.1:15001".into(),
+        }
+    }
+
+    /// Node b.
+    fn me() -> Identity {
+        Identity {
+            segment: "node-b".into(),
+            endpoint: "127.0.0.1:15001".into(),
+        }
+    }
+
+    /// A whole exchange; the client's verdict on the challenge, and the server's on the proof.
+    fn exchange(
+        client_key: &ClusterSecret,
+        claims: Claims,
+        server_key: &ClusterSecret,
+        me: &Identity,
+    ) -> Result<Claims, AuthError> {
+        let (client, hello) = ClientExchange::start(client_key, Channel::Rpc, claims)?;
+        let (server, challenge) = ServerExchange::accept(server_key, Channel::Rpc, me, &hello)?;
+        let proof = client.finish(&challenge)?;
+        server.finish(&proof)
+    }
+
     #[test]
     fn frames_have_the_documented_layout_and_round_trip() {
         let hello = AuthFrame::Hello {
             channel: Channel::TcpData,
             nonce: [7; NONCE_LEN],
+            claims: claims(),
         };
         let bytes = hello.encode();
-        assert_eq!(bytes.len(), 56);
+        assert_eq!(bytes.len(), 59 + 6 + 6 + 15);
         assert_eq!(&bytes[..8], b"TERNAUTH");
-        assert_eq!(&bytes[8..10], &[1, 2]);
+        assert_eq!(&bytes[8..10], &[2, 2]);
         assert_eq!(&bytes[10..16], &[0; 6]);
         assert_eq!(bytes[16], b'H');
         assert_eq!(&bytes[17..24], &[0; 7]);
-        assert_eq!(&bytes[24..], &[7; 32]);
+        assert_eq!(&bytes[24..56], &[7; 32]);
+        assert_eq!(&bytes[56..59], &[6, 6, 15]);
+        assert_eq!(&bytes[59..], b"node-anode-b127.0.0.1:15001");
+        assert_eq!(hello_len(&bytes[..59]), Some(bytes.len()));
         assert_eq!(decode_frame(&bytes).unwrap(), hello);
+        let bare = AuthFrame::Hello {
+            channel: Channel::Rpc,
+            nonce: [0; NONCE_LEN],
+            claims: Claims::default(),
+        };
+        assert_eq!(bare.encode().len(), HELLO_FIXED_LEN);
+        assert_eq!(decode_frame(&bare.encode()).unwrap(), bare);
 
         let challenge = AuthFrame::Challenge {
             channel: Channel::Rpc,
@@ -769,10 +1027,33 @@ mod tests {
     }
 
     #[test]
+    fn long_names_are_cut_at_a_character_boundary_and_bad_utf8_is_refused() {
+        let long = Claims {
+            client_segment: "é".repeat(200),
+            ..Claims::default()
+        };
+        let bytes = AuthFrame::Hello {
+            channel: Channel::Rpc,
+            nonce: [0; NONCE_LEN],
+            claims: long,
+        }
+        .encode();
+        assert_eq!(bytes[56], 254, "255 would split a two-byte character");
+        let AuthFrame::Hello { claims, .. } = decode_frame(&bytes).unwrap() else {
+            panic!("not a hello")
+        };
+        assert_eq!(claims.client_segment, "é".repeat(127));
+        let mut bad = bytes.clone();
+        bad[59] = 0xFF;
+        assert!(matches!(decode_frame(&bad), Err(AuthError::BadClaim)));
+    }
+
+    #[test]
     fn a_hello_is_refused_at_once_by_nodes_without_a_secret() {
         let hello = AuthFrame::Hello {
             channel: Channel::Rpc,
             nonce: [0xFF; NONCE_LEN],
+            claims: claims(),
         }
         .encode();
         // As a handshake RPC frame: a length far beyond Mooncake's 128 MiB ceiling.
@@ -821,46 +1102,69 @@ mod tests {
             bytes[at] = value;
             decode_frame(&bytes)
         };
-        assert!(matches!(with(8, 2), Err(AuthError::UnsupportedVersion(2))));
+        assert!(matches!(with(8, 1), Err(AuthError::UnsupportedVersion(1))));
         assert!(matches!(with(9, 3), Err(AuthError::UnknownChannel(3))));
         assert!(matches!(with(16, b'X'), Err(AuthError::UnknownKind(b'X'))));
         assert!(matches!(with(12, 1), Err(AuthError::ReservedNotZero)));
         assert!(matches!(with(23, 1), Err(AuthError::ReservedNotZero)));
-        // A Hello header on a Proof-sized frame: the length must match the kind.
+        // A Challenge header on a Proof-sized frame: the length must match the kind.
         assert!(matches!(
             with(16, b'C'),
             Err(AuthError::BadLength { expected: 88, .. })
+        ));
+        // A Hello whose strings are shorter than its lengths say.
+        let hello = AuthFrame::Hello {
+            channel: Channel::Rpc,
+            nonce: [1; NONCE_LEN],
+            claims: claims(),
+        }
+        .encode();
+        assert!(matches!(
+            decode_frame(&hello[..hello.len() - 1]),
+            Err(AuthError::BadLength { .. })
         ));
     }
 
     #[test]
     fn the_same_secret_completes_and_each_side_proves_itself() {
         let key = secret("s3cret");
-        let (client, hello) = ClientExchange::start(&key, Channel::Rpc).unwrap();
-        let (server, challenge) = ServerExchange::accept(&key, Channel::Rpc, &hello).unwrap();
-        let proof = client.finish(&challenge).unwrap();
-        server.finish(&proof).unwrap();
+        let proven = exchange(&key, claims(), &key, &me()).unwrap();
+        assert_eq!(proven, claims());
+        // Wanting "any segment" and not saying what was dialed still binds the endpoint.
+        let open = Claims {
+            server_segment: String::new(),
+            ..claims()
+        };
+        exchange(&key, open, &key, &me()).unwrap();
     }
 
     #[test]
     fn another_secret_is_refused_on_both_sides() {
         let (ours, theirs) = (secret("ours"), secret("theirs"));
         // A client with another secret refuses the server's challenge...
-        let (client, hello) = ClientExchange::start(&theirs, Channel::Rpc).unwrap();
-        let (_, challenge) = ServerExchange::accept(&ours, Channel::Rpc, &hello).unwrap();
         assert!(matches!(
-            client.finish(&challenge),
+            exchange(&theirs, claims(), &ours, &me()),
             Err(AuthError::BadProof)
         ));
         // ...and a client that answers anyway (with its own key) is refused by the server.
-        let (client, hello) = ClientExchange::start(&ours, Channel::Rpc).unwrap();
-        let (server, challenge) = ServerExchange::accept(&ours, Channel::Rpc, &hello).unwrap();
+        let (client, hello) = ClientExchange::start(&ours, Channel::Rpc, claims()).unwrap();
+        let (server, challenge) =
+            ServerExchange::accept(&ours, Channel::Rpc, &me(), &hello).unwrap();
         let AuthFrame::Challenge { nonce, .. } = decode_frame(&challenge).unwrap() else {
             panic!("not a challenge")
         };
+        let claims = claims();
+        let transcript = Transcript {
+            channel: Channel::Rpc,
+            client_nonce: client.nonce(),
+            server_nonce: &nonce,
+            client_segment: &claims.client_segment,
+            server_segment: &claims.server_segment,
+            server_endpoint: &claims.dialed,
+        };
         let forged = AuthFrame::Proof {
             channel: Channel::Rpc,
-            mac: theirs.sign(CLIENT_LABEL, Channel::Rpc, &client.nonce, &nonce),
+            mac: theirs.sign(CLIENT_LABEL, &transcript),
         };
         assert!(matches!(
             server.finish(&forged.encode()),
@@ -869,27 +1173,82 @@ mod tests {
     }
 
     #[test]
+    fn a_relayed_exchange_fails_because_the_node_dialed_is_not_the_node_that_answers() {
+        let key = secret("k");
+        // The metadata store points node a at a relay (10.9.9.9:15001), which forwards every
+        // frame to the real node b; node a binds the endpoint it dialed, node b its own.
+        let at_relay = Claims {
+            dialed: "10.9.9.9:15001".into(),
+            ..claims()
+        };
+        let (client, hello) = ClientExchange::start(&key, Channel::TcpData, at_relay).unwrap();
+        // Forwarded untouched, node b refuses at once: the client dialed somewhere else.
+        assert!(matches!(
+            ServerExchange::accept(&key, Channel::TcpData, &me(), &hello),
+            Err(AuthError::NotThisEndpoint { dialed, here })
+                if dialed == "10.9.9.9:15001" && here == "127.0.0.1:15001"
+        ));
+        // The relay rewrites the Hello to name node b's endpoint: node b answers, but its MAC
+        // covers its own endpoint, which is not the one node a dialed, so node a refuses the
+        // challenge and never proves anything the relay could pass on.
+        let AuthFrame::Hello { nonce, claims, .. } = decode_frame(&hello).unwrap() else {
+            panic!("not a hello")
+        };
+        let rewritten = AuthFrame::Hello {
+            channel: Channel::TcpData,
+            nonce,
+            claims: Claims {
+                dialed: me().endpoint,
+                ..claims
+            },
+        }
+        .encode();
+        let (_, challenge) =
+            ServerExchange::accept(&key, Channel::TcpData, &me(), &rewritten).unwrap();
+        assert!(matches!(
+            client.finish(&challenge),
+            Err(AuthError::BadProof)
+        ));
+    }
+
+    #[test]
+    fn a_hello_for_another_segment_is_refused_naming_both() {
+        let key = secret("k");
+        let elsewhere = Claims {
+            server_segment: "node-c".into(),
+            ..claims()
+        };
+        assert!(matches!(
+            exchange(&key, elsewhere, &key, &me()),
+            Err(AuthError::NotThisSegment { wanted, here }) if wanted == "node-c" && here == "node-b"
+        ));
+    }
+
+    #[test]
     fn recorded_frames_do_not_replay() {
         let key = secret("k");
         // A recorded exchange...
-        let (client, hello) = ClientExchange::with_nonce(&key, Channel::TcpData, [5; 32]);
-        let (server, challenge) = ServerExchange::accept(&key, Channel::TcpData, &hello).unwrap();
+        let (client, hello) = ClientExchange::with_nonce(&key, Channel::TcpData, claims(), [5; 32]);
+        let (server, challenge) =
+            ServerExchange::accept(&key, Channel::TcpData, &me(), &hello).unwrap();
         let proof = client.finish(&challenge).unwrap();
         server.finish(&proof).unwrap();
         // ...replayed to the server: the same Hello draws a fresh challenge, so the old proof
         // no longer fits.
-        let (server, fresh) = ServerExchange::accept(&key, Channel::TcpData, &hello).unwrap();
+        let (server, fresh) =
+            ServerExchange::accept(&key, Channel::TcpData, &me(), &hello).unwrap();
         assert_ne!(fresh, challenge);
         assert!(matches!(server.finish(&proof), Err(AuthError::BadProof)));
         // ...replayed to a client: its fresh nonce is not the one the old challenge covers.
-        let (client, _) = ClientExchange::start(&key, Channel::TcpData).unwrap();
+        let (client, _) = ClientExchange::start(&key, Channel::TcpData, claims()).unwrap();
         assert!(matches!(
             client.finish(&challenge),
             Err(AuthError::BadProof)
         ));
         // ...and the server's own MAC reflected back as a client proof.
-        let (client, hello) = ClientExchange::start(&key, Channel::TcpData).unwrap();
-        let (server, challenge) = ServerExchange::accept(&key, Channel::TcpData, &hello).unwrap();
+        let (client, hello) = ClientExchange::start(&key, Channel::TcpData, claims()).unwrap();
+        let (server, challenge) =
+            ServerExchange::accept(&key, Channel::TcpData, &me(), &hello).unwrap();
         let AuthFrame::Challenge { mac, .. } = decode_frame(&challenge).unwrap() else {
             panic!("not a challenge")
         };
@@ -907,9 +1266,9 @@ mod tests {
     #[test]
     fn frames_do_not_cross_channels_or_turns() {
         let key = secret("k");
-        let (client, hello) = ClientExchange::start(&key, Channel::Rpc).unwrap();
+        let (client, hello) = ClientExchange::start(&key, Channel::Rpc, claims()).unwrap();
         assert!(matches!(
-            ServerExchange::accept(&key, Channel::TcpData, &hello),
+            ServerExchange::accept(&key, Channel::TcpData, &me(), &hello),
             Err(AuthError::WrongChannel {
                 expected: Channel::TcpData,
                 got: Channel::Rpc
@@ -936,9 +1295,7 @@ mod tests {
         let from_file = ClusterSecret::from_file(&dir).unwrap();
         let _ = std::fs::remove_file(&dir);
         // The newline is not part of the secret: a client keyed with the bare text agrees.
-        let (client, hello) = ClientExchange::start(&secret("from-a-file"), Channel::Rpc).unwrap();
-        let (_, challenge) = ServerExchange::accept(&from_file, Channel::Rpc, &hello).unwrap();
-        client.finish(&challenge).unwrap();
+        exchange(&secret("from-a-file"), claims(), &from_file, &me()).unwrap();
         assert!(matches!(
             ClusterSecret::from_file(Path::new("/nonexistent/tern-secret")),
             Err(AuthError::SecretFile { .. })
@@ -953,28 +1310,34 @@ mod tests {
         let mut stream = io::Cursor::new(probe);
         let mut duplex = Duplex(&mut stream, Vec::new());
         assert!(matches!(
-            server_handshake(&mut duplex, &key, Channel::Rpc),
+            server_handshake(&mut duplex, &key, Channel::Rpc, &me()),
             Err(AuthError::NotAuthFrame)
         ));
         assert!(duplex.1.is_empty(), "nothing is sent to a plain peer");
         // A bare connect-and-close is silent; a cut Hello is not.
         let mut empty = io::Cursor::new(Vec::new());
-        let error =
-            server_handshake(&mut Duplex(&mut empty, Vec::new()), &key, Channel::Rpc).unwrap_err();
+        let error = server_handshake(
+            &mut Duplex(&mut empty, Vec::new()),
+            &key,
+            Channel::Rpc,
+            &me(),
+        )
+        .unwrap_err();
         assert!(error.is_silent_close());
         let hello = AuthFrame::Hello {
             channel: Channel::Rpc,
             nonce: [1; 32],
+            claims: claims(),
         }
         .encode();
-        let mut cut = io::Cursor::new(hello[..30].to_vec());
-        let error =
-            server_handshake(&mut Duplex(&mut cut, Vec::new()), &key, Channel::Rpc).unwrap_err();
+        let mut cut = io::Cursor::new(hello[..70].to_vec());
+        let error = server_handshake(&mut Duplex(&mut cut, Vec::new()), &key, Channel::Rpc, &me())
+            .unwrap_err();
         assert!(matches!(
             error,
             AuthError::PeerClosed {
                 waiting_for: FrameKind::Hello,
-                received: 30
+                received: 70
             }
         ));
         assert!(!error.is_silent_close());

@@ -61,4 +61,14 @@ pub enum MetadataError {
     /// The handshake RPC to a peer failed.
     #[error(transparent)]
     Rpc(#[from] RpcError),
+    /// A value in the store failed its cluster-secret check (or could not be sealed): it was
+    /// written without the secret, altered, or moved from another key. With a secret set, a
+    /// node uses only values another holder of the secret wrote.
+    #[error("value under key {key:?}: {source}")]
+    Seal {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        source: crate::seal::SealError,
+    },
 }

@@ -24,13 +24,10 @@ use etcd_client::{
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
-use crate::SegmentDesc;
 use crate::error::MetadataError;
-use crate::keys::{self, KeyKind};
-use crate::store::{
-    EtcdCredentials, EtcdTls, MetadataEvent, MetadataListener, MetadataStore, RpcMeta,
-    decode_rpc_meta, decode_segment, encode_rpc_meta,
-};
+use crate::keyed::{Codec, KeyValue, KeyedStore};
+use crate::keys;
+use crate::store::{EtcdCredentials, EtcdTls, MetadataEvent, MetadataListener};
 
 /// Environment variable with the lease TTL in seconds.
 pub const TTL_ENV: &str = "TERN_ETCD_TTL_SECS";
@@ -164,6 +161,7 @@ fn tls_options(tls: &EtcdTls) -> Result<TlsOptions, MetadataError> {
 struct Shared {
     client: Client,
     config: EtcdConfig,
+    codec: Arc<Codec>,
     endpoint: String,
     lease: AtomicI64,
     /// Every key this node wants to exist, with its value: re-put after a lost lease or an
@@ -176,16 +174,19 @@ struct Shared {
     stopped: AtomicBool,
 }
 
-/// The etcd metadata store. Dropping it (or [`MetadataStore::shutdown`]) deletes this node's
-/// keys and revokes its lease.
-pub struct EtcdStore {
+/// The etcd metadata store. Dropping it (or [`MetadataStore::shutdown`](crate::MetadataStore::shutdown))
+/// deletes this node's keys and revokes its lease.
+pub type EtcdStore = KeyedStore<EtcdKv>;
+
+/// The key-value half of [`EtcdStore`]: leased puts, gets, deletes and the watch.
+pub struct EtcdKv {
     runtime: Option<Runtime>,
     shared: Arc<Shared>,
 }
 
-impl std::fmt::Debug for EtcdStore {
+impl std::fmt::Debug for EtcdKv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore")
+        f.debug_struct("EtcdKv")
             .field("endpoint", &self.shared.endpoint)
             .finish_non_exhaustive()
     }
@@ -200,6 +201,31 @@ impl EtcdStore {
     /// error naming the endpoints when etcd cannot be reached (after retrying for
     /// `config.start_retry`).
     pub fn connect(config: EtcdConfig) -> Result<Self, MetadataError> {
+        Self::connect_sealed(config, None)
+    }
+
+    /// As [`connect`](Self::connect); with `secret`, every value written is sealed and every
+    /// value read (watched changes included) must verify ([`crate::seal`]).
+    pub fn connect_sealed(
+        config: EtcdConfig,
+        secret: Option<crate::auth::ClusterSecret>,
+    ) -> Result<Self, MetadataError> {
+        let codec = Arc::new(Codec {
+            cluster_id: config.cluster_id.clone(),
+            secret,
+        });
+        let kv = EtcdKv::connect(config, codec.clone())?;
+        Ok(Self { kv, codec })
+    }
+
+    /// The lease this node's keys live under.
+    pub fn lease_id(&self) -> i64 {
+        self.kv.shared.lease.load(Ordering::Acquire)
+    }
+}
+
+impl EtcdKv {
+    fn connect(config: EtcdConfig, codec: Arc<Codec>) -> Result<Self, MetadataError> {
         let endpoint = config.endpoints.join(",");
         let tls = config.tls.as_ref().map(tls_options).transpose()?;
         let store_error = |message: String| MetadataError::Store {
@@ -230,6 +256,7 @@ impl EtcdStore {
         let shared = Arc::new(Shared {
             client,
             config,
+            codec,
             endpoint: endpoint.clone(),
             lease: AtomicI64::new(lease),
             published: Mutex::new(BTreeMap::new()),
@@ -257,8 +284,7 @@ impl EtcdStore {
         }
     }
 
-    /// The lease this node's keys live under.
-    pub fn lease_id(&self) -> i64 {
+    fn lease_id(&self) -> i64 {
         self.shared.lease.load(Ordering::Acquire)
     }
 
@@ -476,7 +502,7 @@ async fn watch_loop(shared: Arc<Shared>) {
                     let Some(kv) = event.kv() else { continue };
                     let Ok(key) = kv.key_str() else { continue };
                     let deleted = event.event_type() == EventType::Delete;
-                    if let Some(event) = to_event(cluster.as_deref(), key, kv.value(), deleted) {
+                    if let Some(event) = shared.codec.event(key, kv.value(), deleted) {
                         emit(&shared, event);
                     }
                 }
@@ -491,38 +517,6 @@ async fn watch_loop(shared: Arc<Shared>) {
     }
 }
 
-fn to_event(
-    cluster: Option<&str>,
-    key: &str,
-    value: &[u8],
-    deleted: bool,
-) -> Option<MetadataEvent> {
-    match keys::classify(cluster, key)? {
-        KeyKind::Segment(name) if deleted => Some(MetadataEvent::Segment { name, desc: None }),
-        KeyKind::Segment(name) => match decode_segment(key, value) {
-            Ok(desc) => Some(MetadataEvent::Segment {
-                name,
-                desc: Some(desc),
-            }),
-            Err(e) => {
-                tracing::warn!("ignoring a change: {e}");
-                None
-            }
-        },
-        KeyKind::RpcMeta(server) if deleted => Some(MetadataEvent::RpcMeta { server, meta: None }),
-        KeyKind::RpcMeta(server) => match decode_rpc_meta(key, value) {
-            Ok(meta) => Some(MetadataEvent::RpcMeta {
-                server,
-                meta: Some(meta),
-            }),
-            Err(e) => {
-                tracing::warn!("ignoring a change: {e}");
-                None
-            }
-        },
-    }
-}
-
 fn emit(shared: &Shared, event: MetadataEvent) {
     let listeners: Vec<MetadataListener> = lock(&shared.listeners).clone();
     for listener in listeners {
@@ -530,55 +524,22 @@ fn emit(shared: &Shared, event: MetadataEvent) {
     }
 }
 
-impl MetadataStore for EtcdStore {
+impl KeyValue for EtcdKv {
     fn kind(&self) -> &'static str {
         "etcd"
     }
 
-    fn segment_name(&self, local_server_name: &str, _advertised: &RpcMeta) -> String {
-        local_server_name.to_owned()
-    }
-
-    fn publish_segment(&self, name: &str, desc: &SegmentDesc) -> Result<(), MetadataError> {
-        let key = keys::segment_key(self.shared.config.cluster_id.as_deref(), name);
-        self.publish(key, desc.to_json());
+    fn put(&self, key: String, value: String) -> Result<(), MetadataError> {
+        self.publish(key, value);
         Ok(())
     }
 
-    fn remove_segment(&self, name: &str) -> Result<(), MetadataError> {
-        self.withdraw(&keys::segment_key(
-            self.shared.config.cluster_id.as_deref(),
-            name,
-        ))
+    fn delete(&self, key: &str) -> Result<(), MetadataError> {
+        self.withdraw(key)
     }
 
-    fn fetch_segment(&self, name: &str) -> Result<SegmentDesc, MetadataError> {
-        let key = keys::segment_key(self.shared.config.cluster_id.as_deref(), name);
-        let value = self
-            .get(&key)?
-            .ok_or_else(|| MetadataError::SegmentNotFound(name.to_owned()))?;
-        decode_segment(&key, &value)
-    }
-
-    fn publish_rpc_meta(&self, server: &str, meta: &RpcMeta) -> Result<(), MetadataError> {
-        let key = keys::rpc_meta_key(self.shared.config.cluster_id.as_deref(), server);
-        self.publish(key, encode_rpc_meta(meta));
-        Ok(())
-    }
-
-    fn remove_rpc_meta(&self, server: &str) -> Result<(), MetadataError> {
-        self.withdraw(&keys::rpc_meta_key(
-            self.shared.config.cluster_id.as_deref(),
-            server,
-        ))
-    }
-
-    fn rpc_meta(&self, server: &str) -> Result<RpcMeta, MetadataError> {
-        let key = keys::rpc_meta_key(self.shared.config.cluster_id.as_deref(), server);
-        let value = self
-            .get(&key)?
-            .ok_or_else(|| MetadataError::RpcMetaNotFound(server.to_owned()))?;
-        decode_rpc_meta(&key, &value)
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, MetadataError> {
+        EtcdKv::get(self, key)
     }
 
     fn subscribe(&self, listener: MetadataListener) {
@@ -606,7 +567,7 @@ impl MetadataStore for EtcdStore {
     }
 }
 
-impl Drop for EtcdStore {
+impl Drop for EtcdKv {
     fn drop(&mut self) {
         self.shutdown();
         if let Some(runtime) = self.runtime.take() {

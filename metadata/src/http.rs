@@ -3,19 +3,28 @@
 //! small in-memory server any node (a Mooncake node included) can point at.
 //!
 //! HTTP has no leases or watches: keys are deleted on clean shutdown only, as in Mooncake.
+//!
+//! With a cluster secret, the client seals every value it writes and checks every value it
+//! reads ([`crate::seal`]), and sends a delete token with every DELETE; the server, given the
+//! secret, refuses writes whose value does not verify and deletes without a valid token. The
+//! server holds at most [`MAX_ENTRIES`] keys and serves at most `max_connections` clients at
+//! once, each request within a deadline from its first byte.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::SegmentDesc;
+use crate::auth::ClusterSecret;
 use crate::error::MetadataError;
+use crate::keyed::{Codec, KeyValue, KeyedStore};
 use crate::keys;
-use crate::net::Acceptor;
-use crate::store::{MetadataStore, RpcMeta, decode_rpc_meta, decode_segment, encode_rpc_meta};
+use crate::net::{Acceptor, Dial, Replayed, ServeLimits, Served, dial};
+use crate::seal;
+
+/// Most keys the server holds by default; a PUT of a new key beyond it is refused (507).
+pub const MAX_ENTRIES: usize = 65536;
 
 /// Longest request, status or header line accepted.
 const MAX_LINE: usize = 16 * 1024;
@@ -61,16 +70,20 @@ pub fn unescape(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// The HTTP store (client side).
+/// The HTTP store (client side): Mooncake's HTTP protocol under [`KeyedStore`].
+pub type HttpStore = KeyedStore<HttpKv>;
+
+/// The key-value half of [`HttpStore`]: one short connection per request.
 #[derive(Debug, Clone)]
-pub struct HttpStore {
+pub struct HttpKv {
     url: String,
     host: String,
     port: u16,
     path: String,
-    cluster_id: Option<String>,
     connect_timeout: Duration,
     timeout: Duration,
+    /// Signs deletes (values are sealed by the codec).
+    secret: Option<ClusterSecret>,
 }
 
 impl HttpStore {
@@ -90,24 +103,40 @@ impl HttpStore {
             None if !authority.is_empty() && !authority.contains(':') => (authority.to_owned(), 80),
             None => return Err(bad()),
         };
-        Ok(Self {
+        let kv = HttpKv {
             url: url.to_owned(),
             host,
             port,
             path: format!("/{path}"),
+            connect_timeout: Duration::from_millis(1500),
+            timeout: Duration::from_secs(3),
+            secret: None,
+        };
+        let codec = Codec {
             cluster_id: std::env::var(keys::CLUSTER_ID_ENV)
                 .ok()
                 .filter(|c| !c.is_empty()),
-            connect_timeout: Duration::from_millis(1500),
-            timeout: Duration::from_secs(3),
+            secret: None,
+        };
+        Ok(Self {
+            kv,
+            codec: Arc::new(codec),
         })
     }
 
     /// Scopes every key by `cluster_id` (`None`: unscoped).
     pub fn set_cluster_id(&mut self, cluster_id: Option<String>) {
-        self.cluster_id = cluster_id.filter(|c| !c.is_empty());
+        Arc::make_mut(&mut self.codec).cluster_id = cluster_id.filter(|c| !c.is_empty());
     }
 
+    /// Seals what is written, checks what is read and signs deletes with `secret`.
+    pub fn set_secret(&mut self, secret: Option<ClusterSecret>) {
+        Arc::make_mut(&mut self.codec).secret = secret.clone();
+        self.kv.secret = secret;
+    }
+}
+
+impl HttpKv {
     fn store_error(&self, message: impl std::fmt::Display) -> MetadataError {
         MetadataError::Store {
             endpoint: self.url.clone(),
@@ -122,50 +151,61 @@ impl HttpStore {
         key: &str,
         body: Option<&str>,
     ) -> Result<(u16, Vec<u8>), MetadataError> {
-        let addrs: Vec<SocketAddr> = (self.host.as_str(), self.port)
-            .to_socket_addrs()
-            .map_err(|e| self.store_error(format!("cannot resolve: {e}")))?
-            .collect();
-        let mut last = "no address".to_owned();
-        let mut stream = None;
-        for addr in addrs {
-            match TcpStream::connect_timeout(&addr, self.connect_timeout) {
-                Ok(s) => {
-                    stream = Some(s);
-                    break;
-                }
-                Err(e) => last = e.to_string(),
-            }
-        }
-        let mut stream = stream.ok_or_else(|| self.store_error(format!("unreachable: {last}")))?;
-        let io = |e: io::Error| self.store_error(e);
-        stream.set_read_timeout(Some(self.timeout)).map_err(io)?;
-        stream.set_write_timeout(Some(self.timeout)).map_err(io)?;
+        let authority = format!("{}:{}", self.host, self.port);
+        let dialing = Dial {
+            endpoint: &authority,
+            connect_timeout: self.connect_timeout,
+            auth: None,
+        };
+        let mut stream = dial(&dialing, self.timeout).map_err(|e| match e {
+            crate::net::DialError::Connect(e) => self.store_error(format!("unreachable: {e}")),
+            e => self.store_error(e),
+        })?;
         let body = body.unwrap_or("");
+        let token = match (&self.secret, method) {
+            (Some(secret), "DELETE") => format!(
+                "{}: {}\r\n",
+                seal::DELETE_HEADER,
+                seal::delete_token(secret, key)
+            ),
+            _ => String::new(),
+        };
         let request = format!(
-            "{method} {}?key={} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "{method} {}?key={} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n{token}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             self.path,
             escape(key),
-            self.host,
-            self.port,
             body.len()
         );
-        stream.write_all(request.as_bytes()).map_err(io)?;
+        stream
+            .write_all(request.as_bytes())
+            .map_err(|e| self.store_error(e))?;
         let mut reader = BufReader::new(stream);
         parse_response(&mut reader).map_err(|e| self.store_error(e))
     }
+}
 
-    fn put(&self, key: &str, value: &str) -> Result<(), MetadataError> {
-        match self.request("PUT", key, Some(value))? {
+impl KeyValue for HttpKv {
+    fn kind(&self) -> &'static str {
+        "http"
+    }
+
+    fn put(&self, key: String, value: String) -> Result<(), MetadataError> {
+        match self.request("PUT", &key, Some(&value))? {
             (200, _) => Ok(()),
-            (status, _) => Err(self.store_error(format!("PUT {key:?} answered {status}"))),
+            (status, body) => Err(self.store_error(format!(
+                "PUT {key:?} answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ))),
         }
     }
 
     fn delete(&self, key: &str) -> Result<(), MetadataError> {
         match self.request("DELETE", key, None)? {
             (200 | 404, _) => Ok(()),
-            (status, _) => Err(self.store_error(format!("DELETE {key:?} answered {status}"))),
+            (status, body) => Err(self.store_error(format!(
+                "DELETE {key:?} answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            ))),
         }
     }
 
@@ -178,57 +218,12 @@ impl HttpStore {
     }
 }
 
-impl MetadataStore for HttpStore {
-    fn kind(&self) -> &'static str {
-        "http"
-    }
-
-    fn segment_name(&self, local_server_name: &str, _advertised: &RpcMeta) -> String {
-        local_server_name.to_owned()
-    }
-
-    fn publish_segment(&self, name: &str, desc: &SegmentDesc) -> Result<(), MetadataError> {
-        self.put(
-            &keys::segment_key(self.cluster_id.as_deref(), name),
-            &desc.to_json(),
-        )
-    }
-
-    fn remove_segment(&self, name: &str) -> Result<(), MetadataError> {
-        self.delete(&keys::segment_key(self.cluster_id.as_deref(), name))
-    }
-
-    fn fetch_segment(&self, name: &str) -> Result<SegmentDesc, MetadataError> {
-        let key = keys::segment_key(self.cluster_id.as_deref(), name);
-        let value = self
-            .get(&key)?
-            .ok_or_else(|| MetadataError::SegmentNotFound(name.to_owned()))?;
-        decode_segment(&key, &value)
-    }
-
-    fn publish_rpc_meta(&self, server: &str, meta: &RpcMeta) -> Result<(), MetadataError> {
-        self.put(
-            &keys::rpc_meta_key(self.cluster_id.as_deref(), server),
-            &encode_rpc_meta(meta),
-        )
-    }
-
-    fn remove_rpc_meta(&self, server: &str) -> Result<(), MetadataError> {
-        self.delete(&keys::rpc_meta_key(self.cluster_id.as_deref(), server))
-    }
-
-    fn rpc_meta(&self, server: &str) -> Result<RpcMeta, MetadataError> {
-        let key = keys::rpc_meta_key(self.cluster_id.as_deref(), server);
-        let value = self
-            .get(&key)?
-            .ok_or_else(|| MetadataError::RpcMetaNotFound(server.to_owned()))?;
-        decode_rpc_meta(&key, &value)
-    }
-}
-
 /// Reads a status line (or request line) and headers. For a response the first value is the
 /// status code; for a request it is 0 and the line is returned as the `:line` header.
-fn read_head(reader: &mut impl BufRead) -> Result<(u16, HashMap<String, String>), String> {
+fn read_head(
+    reader: &mut impl BufRead,
+    response: bool,
+) -> Result<(u16, HashMap<String, String>), String> {
     let mut line = String::new();
     let mut headers = HashMap::new();
     // Bounded like every header line: a peer sending one endless line gets an error, not
@@ -246,7 +241,9 @@ fn read_head(reader: &mut impl BufRead) -> Result<(u16, HashMap<String, String>)
         return Err("connection closed before a reply".into());
     }
     let first = line.trim_end().to_owned();
-    let status = if first.starts_with("HTTP/") {
+    // Only a reply's first line is a status line: a request whose method happens to read
+    // "HTTP/…" is still a request (found by fuzzing).
+    let status = if response {
         first
             .split_whitespace()
             .nth(1)
@@ -313,37 +310,53 @@ fn read_body(
     Ok(body)
 }
 
-/// An in-memory HTTP metadata server speaking Mooncake's protocol. Stops when dropped.
+/// An in-memory HTTP metadata server speaking Mooncake's protocol. Stops when dropped
+/// (connections cut, threads joined).
 #[derive(Debug)]
 pub struct HttpMetadataServer {
     acceptor: Acceptor,
 }
 
+/// The server's settings.
+#[derive(Debug, Clone)]
+pub struct HttpServerConfig {
+    /// Connections at once and the deadline of each request.
+    pub limits: ServeLimits,
+    /// With a secret, writes must carry a valid seal and deletes a valid token.
+    pub secret: Option<ClusterSecret>,
+    /// Most keys held ([`MAX_ENTRIES`]).
+    pub max_entries: usize,
+}
+
+impl Default for HttpServerConfig {
+    fn default() -> Self {
+        Self {
+            limits: ServeLimits::default(),
+            secret: None,
+            max_entries: MAX_ENTRIES,
+        }
+    }
+}
+
 type Table = Arc<Mutex<HashMap<String, Vec<u8>>>>;
 
 impl HttpMetadataServer {
-    /// Binds `addr` (port 0 picks one) and serves.
+    /// Binds `addr` (port 0 picks one) and serves, without a secret.
     pub fn start(addr: SocketAddr) -> io::Result<Self> {
+        Self::start_with(addr, HttpServerConfig::default())
+    }
+
+    /// Binds `addr` (port 0 picks one) and serves with `config`.
+    pub fn start_with(addr: SocketAddr, config: HttpServerConfig) -> io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
         let table: Table = Arc::default();
-        let acceptor = Acceptor::spawn(
+        let (secret, max_entries) = (config.secret.clone(), config.max_entries);
+        let serve = move |served: Served| serve_http(served, &table, secret.as_ref(), max_entries);
+        let acceptor = Acceptor::serve(
             listener,
-            "tern-http-metadata".into(),
-            stop,
-            move |listener| {
-                for conn in listener.incoming() {
-                    if flag.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let Ok(stream) = conn else { continue };
-                    let table = table.clone();
-                    let _ = std::thread::Builder::new()
-                        .name("tern-http-conn".into())
-                        .spawn(move || serve_http(stream, &table));
-                }
-            },
+            "tern-http-metadata",
+            config.limits,
+            Arc::new(serve),
         )?;
         Ok(Self { acceptor })
     }
@@ -354,24 +367,41 @@ impl HttpMetadataServer {
     }
 }
 
-fn serve_http(stream: TcpStream, table: &Table) {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
-    let Ok(mut writer) = stream.try_clone() else {
+fn serve_http(
+    mut served: Served,
+    table: &Table,
+    secret: Option<&ClusterSecret>,
+    max_entries: usize,
+) {
+    let peer = served.peer.clone();
+    let mut first = [0u8; 1];
+    match served.await_frame(&mut first) {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            tracing::warn!("http metadata: {peer}: {e} before its request");
+            return;
+        }
+    }
+    let Ok(mut writer) = served.stream.try_clone() else {
         return;
     };
-    let mut reader = BufReader::new(stream);
-    let (status, body): (u16, Vec<u8>) = match handle_request(&mut reader, table) {
-        Ok(reply) => reply,
+    // The whole request within the deadline from its first byte.
+    let mut frame = served.frame();
+    let mut reader = BufReader::new(Replayed::new(&first, &mut frame));
+    let (status, body): (u16, Vec<u8>) = match parse_request(&mut reader) {
+        Ok(request) => handle_request(request, table, secret, max_entries),
         Err(message) => {
-            tracing::warn!("http metadata: bad request: {message}");
+            tracing::warn!("http metadata: bad request from {peer}: {message}");
             (400, message.into_bytes())
         }
     };
     let reason = match status {
         200 => "OK",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        507 => "Insufficient Storage",
         _ => "Bad Request",
     };
     let head = format!(
@@ -391,6 +421,8 @@ pub struct MetadataRequest {
     pub key: String,
     /// The body (`Content-Length` bytes; empty without that header).
     pub body: Vec<u8>,
+    /// The delete token header ([`seal::DELETE_HEADER`]), if sent.
+    pub token: Option<String>,
 }
 
 /// Reads one request of Mooncake's HTTP metadata protocol (`<METHOD> <path>?key=<escaped
@@ -399,7 +431,7 @@ pub struct MetadataRequest {
 /// names what is wrong (the server answers it with a 400). It only reads; it must not act on
 /// the request.
 pub fn parse_request(reader: &mut impl BufRead) -> Result<MetadataRequest, String> {
-    let (_, headers) = read_head(reader)?;
+    let (_, headers) = read_head(reader, false)?;
     let line = headers.get(":line").cloned().unwrap_or_default();
     let mut parts = line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
@@ -411,10 +443,14 @@ pub fn parse_request(reader: &mut impl BufRead) -> Result<MetadataRequest, Strin
         .filter(|k| !k.is_empty())
         .ok_or_else(|| format!("no key in {target:?}"))?;
     let body = read_body(reader, &headers, false)?;
+    let token = headers
+        .get(&seal::DELETE_HEADER.to_ascii_lowercase())
+        .cloned();
     Ok(MetadataRequest {
         method: method.to_owned(),
         key,
         body,
+        token,
     })
 }
 
@@ -423,22 +459,54 @@ pub fn parse_request(reader: &mut impl BufRead) -> Result<MetadataRequest, Strin
 /// reply, public so that it can be fuzzed. Returns the status code and the body; it only
 /// reads.
 pub fn parse_response(reader: &mut impl BufRead) -> Result<(u16, Vec<u8>), String> {
-    let (status, headers) = read_head(reader)?;
+    let (status, headers) = read_head(reader, true)?;
     let body = read_body(reader, &headers, true)?;
     Ok((status, body))
 }
 
 fn handle_request(
-    reader: &mut BufReader<TcpStream>,
+    request: MetadataRequest,
     table: &Table,
-) -> Result<(u16, Vec<u8>), String> {
-    let MetadataRequest { method, key, body } = parse_request(reader)?;
+    secret: Option<&ClusterSecret>,
+    max_entries: usize,
+) -> (u16, Vec<u8>) {
+    let MetadataRequest {
+        method,
+        key,
+        body,
+        token,
+    } = request;
+    let refused = |what: &str, e: seal::SealError| {
+        tracing::warn!("http metadata: refusing {what} {key:?}: {e}");
+        (403, format!("{what} refused: {e}").into_bytes())
+    };
+    match (method.as_str(), secret) {
+        ("PUT", Some(secret)) => {
+            if let Err(e) = seal::verify(secret, &key, &body) {
+                return refused("PUT", e);
+            }
+        }
+        ("DELETE", Some(secret)) => {
+            let checked = token
+                .as_deref()
+                .ok_or(seal::SealError::BadToken("no token"))
+                .and_then(|token| seal::verify_delete(secret, &key, token));
+            if let Err(e) = checked {
+                return refused("DELETE", e);
+            }
+        }
+        _ => {}
+    }
     let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
-    Ok(match method.as_str() {
+    match method.as_str() {
         "GET" => match table.get(&key) {
             Some(value) => (200, value.clone()),
             None => (404, b"metadata not found".to_vec()),
         },
+        "PUT" if table.len() >= max_entries && !table.contains_key(&key) => {
+            tracing::warn!("http metadata: {max_entries} keys held; refusing a new one");
+            (507, b"metadata table full".to_vec())
+        }
         "PUT" => {
             table.insert(key, body);
             (200, b"metadata updated".to_vec())
@@ -448,7 +516,7 @@ fn handle_request(
             None => (404, b"metadata not found".to_vec()),
         },
         _ => (405, b"method not allowed".to_vec()),
-    })
+    }
 }
 
 #[cfg(test)]
@@ -470,8 +538,18 @@ mod tests {
     #[test]
     fn an_endless_first_line_is_refused_without_reading_it_all() {
         let mut endless = std::io::BufReader::new(std::io::repeat(b'x'));
-        let error = read_head(&mut endless).unwrap_err();
+        let error = read_head(&mut endless, false).unwrap_err();
         assert!(error.contains("longer than"), "{error}");
+    }
+
+    #[test]
+    fn a_request_whose_method_reads_like_a_status_line_is_still_a_request() {
+        let wire = b"HTTP/1.1 /metadata?key=b%08 HTTP/1.1\r\nContent-Length: 0\r\n\r\n";
+        let request = parse_request(&mut &wire[..]).unwrap();
+        assert_eq!(
+            (request.method.as_str(), request.key.as_str()),
+            ("HTTP/1.1", "b\u{8}")
+        );
     }
 
     #[test]
@@ -486,6 +564,7 @@ mod tests {
                 method: "PUT".into(),
                 key: "mooncake/ram/a".into(),
                 body: b"{}".to_vec(),
+                token: None,
             }
         );
         assert_eq!(reader, b"tail");
@@ -512,11 +591,15 @@ mod tests {
     fn urls_parse() {
         let store = HttpStore::new("http://127.0.0.1:8080/metadata").unwrap();
         assert_eq!(
-            (store.host.as_str(), store.port, store.path.as_str()),
+            (
+                store.kv.host.as_str(),
+                store.kv.port,
+                store.kv.path.as_str()
+            ),
             ("127.0.0.1", 8080, "/metadata")
         );
         let store = HttpStore::new("http://meta").unwrap();
-        assert_eq!((store.port, store.path.as_str()), (80, "/"));
+        assert_eq!((store.kv.port, store.kv.path.as_str()), (80, "/"));
         assert!(HttpStore::new("https://x:1/").is_err());
         assert!(HttpStore::new("http://:5/").is_err());
     }

@@ -16,9 +16,11 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod http;
+pub mod keyed;
 pub mod keys;
 pub mod net;
 pub mod rpc;
+pub mod seal;
 mod store;
 
 pub use desc::{BufferDesc, DescriptorError, DeviceDesc, PriorityMatrix, SegmentDesc};

@@ -1,11 +1,15 @@
-//! Addresses and ports: what a node advertises and how it binds its listeners.
+//! Addresses and ports (what a node advertises, how it binds its listeners), the one accept
+//! loop every listener runs ([`Acceptor`]), frame deadlines ([`DeadlineRead`]) and the one
+//! way to dial a peer ([`dial`]).
 
-use std::io;
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::auth::{self, AuthError, Channel, Claims, ClusterSecret};
 
 /// Environment variable that fixes the advertised address (as in Mooncake).
 pub const BIND_ADDRESS_ENV: &str = "MC_TCP_BIND_ADDRESS";
@@ -62,8 +66,205 @@ pub fn bind_listener(ip: IpAddr, ports: PortChoice) -> io::Result<TcpListener> {
     }
 }
 
-/// A listener served by a background thread. Dropping it raises the stop flag, wakes the
-/// thread out of `accept`, and waits for it to finish.
+/// How long a blocked read on a served or dialed connection waits before it looks at its
+/// deadline again: reads never block longer, so a deadline is kept to within this.
+pub const READ_TICK: Duration = Duration::from_millis(250);
+
+/// What every listener holds its clients to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// Connections served at once; one more is closed at once, with one log line.
+    pub max_connections: usize,
+    /// A frame (a request header, an RPC frame, an HTTP request) must arrive whole within
+    /// this of its first byte, however the bytes trickle in.
+    pub frame_deadline: Duration,
+    /// How long a connection may sit idle between frames (and before its first).
+    pub idle_timeout: Duration,
+    /// How long one write may block on a peer that does not read.
+    pub write_timeout: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 256,
+            frame_deadline: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A connection an [`Acceptor`] hands its handler: no Nagle, reads that wake every
+/// [`READ_TICK`], writes bounded by the listener's `write_timeout`.
+#[derive(Debug)]
+pub struct Served {
+    /// The connection.
+    pub stream: TcpStream,
+    /// Who connected, for log lines.
+    pub peer: String,
+    /// The listener's limits.
+    pub limits: ServeLimits,
+    stop: Arc<AtomicBool>,
+}
+
+impl Served {
+    /// Whether the listener is shutting down (its handler should return).
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// The listener's stop flag, to look at after the connection is gone.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Reads the first byte of a frame into `first`, waiting up to the idle timeout: `false`
+    /// when the peer closed (or the listener stopped) before sending one.
+    pub fn await_frame(&mut self, first: &mut [u8; 1]) -> io::Result<bool> {
+        let deadline = Instant::now() + self.limits.idle_timeout;
+        let stop = self.stop.clone();
+        let mut reader = DeadlineRead::new(&mut self.stream, deadline).stop_on(&stop);
+        match reader.read(first) {
+            Ok(0) => Ok(false),
+            Ok(_) => Ok(true),
+            Err(e)
+                if e.kind() == io::ErrorKind::ConnectionAborted && stop.load(Ordering::Acquire) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The stream, read under a deadline of `frame_deadline` from now: what a handler reads
+    /// the rest of a frame through.
+    pub fn frame(&mut self) -> DeadlineRead<'_, TcpStream> {
+        let deadline = Instant::now() + self.limits.frame_deadline;
+        DeadlineRead::new(&mut self.stream, deadline)
+    }
+}
+
+/// Reads and writes through a stream whose reads wake every [`READ_TICK`], failing with
+/// `TimedOut` once `deadline` has passed: a peer that sends one byte a second is cut off at
+/// the deadline, not kept alive by its trickle.
+#[derive(Debug)]
+pub struct DeadlineRead<'a, S> {
+    inner: &'a mut S,
+    deadline: Instant,
+    stop: Option<&'a AtomicBool>,
+}
+
+impl<'a, S> DeadlineRead<'a, S> {
+    /// Reads of `inner` until `deadline`.
+    pub fn new(inner: &'a mut S, deadline: Instant) -> Self {
+        Self {
+            inner,
+            deadline,
+            stop: None,
+        }
+    }
+
+    /// Also gives up (with `ConnectionAborted`) once `stop` is raised.
+    pub fn stop_on(self, stop: &'a AtomicBool) -> Self {
+        Self {
+            stop: Some(stop),
+            ..self
+        }
+    }
+
+    /// The stream underneath.
+    pub fn get_mut(&mut self) -> &mut S {
+        self.inner
+    }
+
+    /// When reads give up.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Whether the deadline has passed; the error to return if so.
+    pub fn check(&self) -> io::Result<()> {
+        if self.stop.is_some_and(|s| s.load(Ordering::Acquire)) {
+            return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "stopping"));
+        }
+        if Instant::now() >= self.deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the frame did not arrive by its deadline",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether an I/O error is a read that woke at its tick without data.
+pub fn is_tick(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+impl<S: Read> Read for DeadlineRead<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            self.check()?;
+            match self.inner.read(buf) {
+                Err(e) if is_tick(&e) => {}
+                other => return other,
+            }
+        }
+    }
+}
+
+impl<S: Write> Write for DeadlineRead<'_, S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A stream with bytes already read from it put back in front (a frame's first byte, taken
+/// while waiting for it).
+#[derive(Debug)]
+pub struct Replayed<'a, S> {
+    first: &'a [u8],
+    inner: &'a mut S,
+}
+
+impl<'a, S> Replayed<'a, S> {
+    /// `first`, then the rest of `inner`.
+    pub fn new(first: &'a [u8], inner: &'a mut S) -> Self {
+        Self { first, inner }
+    }
+}
+
+impl<S: Read> Read for Replayed<'_, S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.first.is_empty() {
+            return self.inner.read(buf);
+        }
+        self.first.read(buf)
+    }
+}
+
+impl<S: Write> Write for Replayed<'_, S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// One accept loop for every listener: a connection limit, connections set up the same way
+/// ([`Served`]), one thread each, and on drop every connection cut and every thread joined,
+/// so that nothing a listener started outlives it.
 #[derive(Debug)]
 pub struct Acceptor {
     local: SocketAddr,
@@ -71,19 +272,25 @@ pub struct Acceptor {
     thread: Option<JoinHandle<()>>,
 }
 
+/// What an [`Acceptor`] runs for each connection.
+pub type Handler = Arc<dyn Fn(Served) + Send + Sync>;
+
 impl Acceptor {
-    /// Runs `serve(listener)` on a thread named `name`; `serve` must return once `stop` is
-    /// raised and its `accept` returns.
-    pub fn spawn(
+    /// Serves `listener` on a thread named `name`, running `handler` on a thread of its own
+    /// for each connection, at most `limits.max_connections` at once.
+    pub fn serve(
         listener: TcpListener,
-        name: String,
-        stop: Arc<AtomicBool>,
-        serve: impl FnOnce(TcpListener) + Send + 'static,
+        name: &str,
+        limits: ServeLimits,
+        handler: Handler,
     ) -> io::Result<Self> {
         let local = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let conn_name = format!("{name}-conn");
         let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || serve(listener))?;
+            .name(name.to_owned())
+            .spawn(move || accept_loop(listener, &conn_name, limits, &handler, &flag))?;
         Ok(Self {
             local,
             stop,
@@ -97,6 +304,91 @@ impl Acceptor {
     }
 }
 
+/// The sockets of live connections (clones, to cut them at shutdown), by connection id.
+type Live = Arc<Mutex<Vec<(u64, TcpStream)>>>;
+
+fn accept_loop(
+    listener: TcpListener,
+    conn_name: &str,
+    limits: ServeLimits,
+    handler: &Handler,
+    stop: &Arc<AtomicBool>,
+) {
+    let live: Live = Arc::default();
+    let mut threads: Vec<JoinHandle<()>> = Vec::new();
+    let mut next_id = 0u64;
+    for conn in listener.incoming() {
+        if stop.load(Ordering::Acquire) {
+            break;
+        }
+        threads.retain(|t| !t.is_finished());
+        let stream = match conn {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!("{conn_name}: accept failed: {e}");
+                continue;
+            }
+        };
+        let peer = stream
+            .peer_addr()
+            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
+        if lock(&live).len() >= limits.max_connections {
+            tracing::warn!(
+                "{conn_name}: {} connections already; closing the one from {peer}",
+                limits.max_connections
+            );
+            continue;
+        }
+        let setup = stream
+            .set_nodelay(true)
+            .and_then(|()| stream.set_read_timeout(Some(READ_TICK)))
+            .and_then(|()| stream.set_write_timeout(Some(limits.write_timeout)))
+            .and_then(|()| stream.try_clone());
+        let handle = match setup {
+            Ok(handle) => handle,
+            Err(e) => {
+                tracing::warn!("{conn_name}: setting up the connection from {peer}: {e}");
+                continue;
+            }
+        };
+        next_id += 1;
+        let id = next_id;
+        lock(&live).push((id, handle));
+        let served = Served {
+            stream,
+            peer,
+            limits,
+            stop: stop.clone(),
+        };
+        let (handler, live_here) = (handler.clone(), live.clone());
+        let spawned = std::thread::Builder::new()
+            .name(conn_name.to_owned())
+            .spawn(move || {
+                handler(served);
+                lock(&live_here).retain(|(other, _)| *other != id);
+            });
+        match spawned {
+            Ok(thread) => threads.push(thread),
+            Err(e) => {
+                tracing::warn!("{conn_name}: cannot start a thread: {e}");
+                lock(&live).retain(|(other, _)| *other != id);
+            }
+        }
+    }
+    // Stopping: cut every connection and wait for its thread, so that no peer is served once
+    // the listener is gone.
+    for (_, socket) in lock(&live).iter() {
+        let _ = socket.shutdown(Shutdown::Both);
+    }
+    for thread in threads {
+        let _ = thread.join();
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl Drop for Acceptor {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
@@ -105,6 +397,91 @@ impl Drop for Acceptor {
             let _ = thread.join();
         }
     }
+}
+
+/// Why dialing a peer failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DialError {
+    /// The name did not resolve.
+    #[error("cannot resolve: {0}")]
+    Dns(io::Error),
+    /// No address accepted the connection in time.
+    #[error("connect: {0}")]
+    Connect(io::Error),
+    /// The connection could not be set up.
+    #[error("setting up the connection: {0}")]
+    Setup(io::Error),
+    /// The cluster-secret exchange failed.
+    #[error("authentication failed: {0}")]
+    Auth(AuthError),
+}
+
+/// How to reach a peer.
+#[derive(Debug, Clone, Copy)]
+pub struct Dial<'a> {
+    /// `host:port`.
+    pub endpoint: &'a str,
+    /// Bound on connecting, authentication included.
+    pub connect_timeout: Duration,
+    /// With a secret: the channel, this node's segment, and the segment wanted there (empty
+    /// when any will do). The endpoint bound is the address actually connected.
+    pub auth: Option<DialAuth<'a>>,
+}
+
+/// The cluster-secret part of a [`Dial`].
+#[derive(Debug, Clone, Copy)]
+pub struct DialAuth<'a> {
+    /// The secret.
+    pub secret: &'a ClusterSecret,
+    /// Which kind of connection.
+    pub channel: Channel,
+    /// This node's segment name.
+    pub client_segment: &'a str,
+    /// The segment wanted at the endpoint.
+    pub server_segment: &'a str,
+}
+
+/// Connects to `dial.endpoint` (each resolved address in turn), turns Nagle off, runs the
+/// cluster-secret exchange if asked to (bounded by the connect timeout), and leaves reads
+/// bounded by `io_timeout`: the one way Tern opens a connection to a peer.
+pub fn dial(dial: &Dial<'_>, io_timeout: Duration) -> Result<TcpStream, DialError> {
+    let addrs: Vec<SocketAddr> = dial
+        .endpoint
+        .to_socket_addrs()
+        .map_err(DialError::Dns)?
+        .collect();
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    for addr in addrs {
+        let mut stream = match TcpStream::connect_timeout(&addr, dial.connect_timeout) {
+            Ok(stream) => stream,
+            Err(e) => {
+                last = e;
+                continue;
+            }
+        };
+        stream.set_nodelay(true).map_err(DialError::Setup)?;
+        if let Some(auth) = dial.auth {
+            let bound = Some(dial.connect_timeout.min(io_timeout));
+            stream
+                .set_read_timeout(bound)
+                .and_then(|()| stream.set_write_timeout(bound))
+                .map_err(DialError::Setup)?;
+            let claims = Claims {
+                client_segment: auth.client_segment.to_owned(),
+                server_segment: auth.server_segment.to_owned(),
+                dialed: addr.to_string(),
+            };
+            auth::client_handshake(&mut stream, auth.secret, auth.channel, claims)
+                .map_err(DialError::Auth)?;
+        }
+        stream
+            .set_read_timeout(Some(io_timeout))
+            .and_then(|()| stream.set_write_timeout(Some(io_timeout)))
+            .map_err(DialError::Setup)?;
+        return Ok(stream);
+    }
+    Err(DialError::Connect(last))
 }
 
 /// Unblocks a thread sitting in `accept` on `local` by connecting to it once.

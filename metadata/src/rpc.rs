@@ -10,13 +10,15 @@
 //! bytes are Mooncake's and nothing else.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::auth::{self, AuthError, Channel, ClusterSecret};
-use crate::net::{Acceptor, PortChoice, bind_listener};
+use crate::auth::{self, AuthError, Channel, ClusterSecret, Identity};
+use crate::net::{
+    Acceptor, Dial, DialAuth, DialError, PortChoice, Replayed, ServeLimits, Served, bind_listener,
+    dial,
+};
 
 /// Default and minimum frame size limit (1 MiB), as in Mooncake.
 pub const DEFAULT_MAX_FRAME: usize = 1 << 20;
@@ -235,6 +237,8 @@ pub struct RpcClientConfig {
     /// The cluster secret to prove before sending a request, and to demand of the server;
     /// `None` speaks plain Mooncake.
     pub secret: Option<ClusterSecret>,
+    /// This node's segment name, which a secured call claims (empty: none yet).
+    pub local_segment: String,
 }
 
 impl Default for RpcClientConfig {
@@ -244,6 +248,7 @@ impl Default for RpcClientConfig {
             io_timeout: Duration::from_secs(60),
             max_frame: max_frame_from_env(),
             secret: None,
+            local_segment: String::new(),
         }
     }
 }
@@ -255,53 +260,51 @@ pub fn call(
     body: &[u8],
     config: &RpcClientConfig,
 ) -> Result<Vec<u8>, RpcError> {
-    let addrs: Vec<SocketAddr> = peer
-        .to_socket_addrs()
-        .map_err(|source| RpcError::Dns {
+    call_segment(peer, "", ty, body, config)
+}
+
+/// As [`call`], to the node whose segment is `segment` (bound into the cluster-secret
+/// exchange, so a node answering at `peer` under another name is refused; empty: any).
+pub fn call_segment(
+    peer: &str,
+    segment: &str,
+    ty: RpcType,
+    body: &[u8],
+    config: &RpcClientConfig,
+) -> Result<Vec<u8>, RpcError> {
+    let dialing = Dial {
+        endpoint: peer,
+        connect_timeout: config.connect_timeout,
+        auth: config.secret.as_ref().map(|secret| DialAuth {
+            secret,
+            channel: Channel::Rpc,
+            client_segment: &config.local_segment,
+            server_segment: segment,
+        }),
+    };
+    let mut stream = dial(&dialing, config.io_timeout).map_err(|e| match e {
+        DialError::Dns(source) => RpcError::Dns {
             peer: peer.to_owned(),
             source,
-        })?
-        .collect();
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-    let mut stream = None;
-    for addr in addrs {
-        match TcpStream::connect_timeout(&addr, config.connect_timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = e,
-        }
-    }
-    let mut stream = stream.ok_or_else(|| RpcError::Connect {
-        peer: peer.to_owned(),
-        source: last,
+        },
+        DialError::Connect(source) => RpcError::Connect {
+            peer: peer.to_owned(),
+            source,
+        },
+        DialError::Auth(source) => RpcError::Auth {
+            peer: peer.to_owned(),
+            source,
+        },
+        DialError::Setup(source) => RpcError::Exchange {
+            peer: peer.to_owned(),
+            source: FrameError::Io(source),
+        },
     })?;
     let exchange = |e: FrameError| RpcError::Exchange {
         peer: peer.to_owned(),
         source: e,
     };
-    let io_err = |e: io::Error| exchange(FrameError::Io(e));
-    stream.set_nodelay(true).map_err(io_err)?;
-    if let Some(secret) = &config.secret {
-        // Authentication is part of connecting: bounded like it, before any request leaves.
-        let bound = Some(config.connect_timeout.min(config.io_timeout));
-        stream.set_read_timeout(bound).map_err(io_err)?;
-        stream.set_write_timeout(bound).map_err(io_err)?;
-        auth::client_handshake(&mut stream, secret, Channel::Rpc).map_err(|source| {
-            RpcError::Auth {
-                peer: peer.to_owned(),
-                source,
-            }
-        })?;
-    }
-    stream
-        .set_read_timeout(Some(config.io_timeout))
-        .map_err(io_err)?;
-    stream
-        .set_write_timeout(Some(config.io_timeout))
-        .map_err(io_err)?;
-    write_frame(&mut stream, ty, body).map_err(io_err)?;
+    write_frame(&mut stream, ty, body).map_err(|e| exchange(FrameError::Io(e)))?;
     let (got, reply) = read_frame(&mut stream, config.max_frame).map_err(|e| match e {
         // A node that demands a secret closes on a plain request without a word.
         FrameError::Io(source)
@@ -351,13 +354,15 @@ pub struct RpcServerConfig {
     /// Largest request accepted, held to [`DEFAULT_MAX_FRAME`]..=[`MAX_FRAME_CEILING`]
     /// (default: `MC_HANDSHAKE_MAX_LENGTH`, else 1 MiB).
     pub max_frame: usize,
-    /// How long a connection may stay silent (Mooncake: 5 s).
-    pub idle_timeout: Duration,
-    /// Connections served at once; more are closed at once.
-    pub max_connections: usize,
+    /// Connections at once, the deadline of a request (authentication included) from its
+    /// first byte, how long a connection may stay silent first (Mooncake: 5 s).
+    pub limits: ServeLimits,
     /// The cluster secret every client must prove before a byte of its request is read;
     /// `None` serves plain Mooncake clients.
     pub secret: Option<ClusterSecret>,
+    /// This node's segment name, bound into the cluster-secret exchange (empty: the
+    /// listener's endpoint, as in P2P mode).
+    pub segment: String,
 }
 
 impl Default for RpcServerConfig {
@@ -365,14 +370,14 @@ impl Default for RpcServerConfig {
         Self {
             ports: PortChoice::default(),
             max_frame: max_frame_from_env(),
-            idle_timeout: Duration::from_secs(5),
-            max_connections: 256,
+            limits: ServeLimits::default(),
             secret: None,
+            segment: String::new(),
         }
     }
 }
 
-/// A running handshake RPC server. Stops when dropped.
+/// A running handshake RPC server. Stops when dropped: connections cut, threads joined.
 #[derive(Debug)]
 pub struct RpcServer {
     acceptor: Acceptor,
@@ -396,12 +401,22 @@ impl RpcServer {
         config: RpcServerConfig,
         handler: Arc<dyn RpcHandler>,
     ) -> io::Result<Self> {
-        let name = format!("tern-rpc-{}", listener.local_addr()?.port());
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let acceptor = Acceptor::spawn(listener, name, stop, move |listener| {
-            accept_loop(listener, config, handler, flag)
-        })?;
+        let local = listener.local_addr()?;
+        let name = format!("tern-rpc-{}", local.port());
+        let max_frame = config.max_frame.clamp(DEFAULT_MAX_FRAME, MAX_FRAME_CEILING);
+        let identity = Identity {
+            segment: if config.segment.is_empty() {
+                local.to_string()
+            } else {
+                config.segment.clone()
+            },
+            endpoint: local.to_string(),
+        };
+        let secret = config.secret.clone();
+        let serve = move |served: Served| {
+            serve_connection(served, &*handler, max_frame, secret.as_ref(), &identity)
+        };
+        let acceptor = Acceptor::serve(listener, &name, config.limits, Arc::new(serve))?;
         Ok(Self { acceptor })
     }
 
@@ -411,63 +426,31 @@ impl RpcServer {
     }
 }
 
-fn accept_loop(
-    listener: TcpListener,
-    config: RpcServerConfig,
-    handler: Arc<dyn RpcHandler>,
-    stop: Arc<AtomicBool>,
-) {
-    let active = Arc::new(AtomicUsize::new(0));
-    let max_frame = config.max_frame.clamp(DEFAULT_MAX_FRAME, MAX_FRAME_CEILING);
-    for conn in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            break;
-        }
-        let stream = match conn {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("handshake accept failed: {e}");
-                continue;
-            }
-        };
-        if active.load(Ordering::Acquire) >= config.max_connections {
-            tracing::warn!("handshake server busy; dropping a connection");
-            continue;
-        }
-        active.fetch_add(1, Ordering::AcqRel);
-        let (handler, active, timeout) = (handler.clone(), active.clone(), config.idle_timeout);
-        let secret = config.secret.clone();
-        let spawned = std::thread::Builder::new()
-            .name("tern-rpc-conn".into())
-            .spawn(move || {
-                serve_connection(stream, &*handler, max_frame, timeout, secret.as_ref());
-                active.fetch_sub(1, Ordering::AcqRel);
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("handshake server cannot spawn a thread: {e}");
-        }
-    }
-}
-
 fn serve_connection(
-    mut stream: TcpStream,
+    mut served: Served,
     handler: &dyn RpcHandler,
     max: usize,
-    timeout: Duration,
     secret: Option<&ClusterSecret>,
+    me: &Identity,
 ) {
-    let peer = stream
-        .peer_addr()
-        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-    // Bounds each read, the authentication exchange's included.
-    let _ = stream.set_read_timeout(Some(timeout));
-    let _ = stream.set_write_timeout(Some(timeout));
-    let _ = stream.set_nodelay(true);
+    let peer = served.peer.clone();
+    let mut first = [0u8; 1];
+    match served.await_frame(&mut first) {
+        Ok(true) => {}
+        // A bare connect-and-close (a port probe, or the shutdown wake-up) is no refusal.
+        Ok(false) => return,
+        Err(e) => {
+            tracing::warn!("handshake from {peer}: {e} before its request; dropping it");
+            return;
+        }
+    }
+    // The whole request — the authentication exchange included — is bound by one deadline
+    // from its first byte.
+    let mut frame = served.frame();
+    let mut stream = Replayed::new(&first, &mut frame);
     if let Some(secret) = secret {
-        match auth::server_handshake(&mut stream, secret, Channel::Rpc) {
-            Ok(()) => {}
-            // A bare connect-and-close (a port probe, or the shutdown wake-up) is no refusal.
-            Err(e) if e.is_silent_close() => return,
+        match auth::server_handshake(&mut stream, secret, Channel::Rpc, me) {
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!("handshake RPC from {peer} refused, nothing served: {e}");
                 return;
@@ -476,7 +459,6 @@ fn serve_connection(
     }
     let (ty, body) = match read_frame(&mut stream, max) {
         Ok(frame) => frame,
-        // A bare connect-and-close (a port probe, or the shutdown wake-up) is not worth a line.
         Err(FrameError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => return,
         Err(FrameError::TooLong { len, .. }) if len == HELLO_AS_LENGTH => {
             tracing::warn!(
@@ -490,13 +472,15 @@ fn serve_connection(
             return;
         }
     };
+    let stream = frame.get_mut();
     match handler.handle(ty, &body) {
         Ok(reply) => {
-            if let Err(e) = write_frame(&mut stream, ty, &reply) {
+            if let Err(e) = write_frame(stream, ty, &reply) {
                 tracing::warn!("handshake reply to {peer}: {e}");
             }
             let _ = stream.shutdown(Shutdown::Write);
-            // Wait for the client to close first so its reply is never cut by a reset.
+            // Wait (a tick at most) for the client to close first so its reply is never cut
+            // by a reset.
             let _ = stream.read(&mut [0u8; 1]);
         }
         Err(reason) => {
@@ -560,6 +544,7 @@ mod tests {
         let hello = auth::AuthFrame::Hello {
             channel: Channel::Rpc,
             nonce: [0; auth::NONCE_LEN],
+            claims: auth::Claims::default(),
         }
         .encode();
         match read_frame(&mut &hello[..], MAX_FRAME_CEILING) {

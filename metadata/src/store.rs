@@ -206,6 +206,7 @@ pub fn open_store(
             if options.cluster_id.is_some() {
                 store.set_cluster_id(options.cluster_id);
             }
+            store.set_secret(options.rpc_client.secret);
             Ok(Box::new(store))
         }
         #[cfg(feature = "etcd")]
@@ -222,7 +223,10 @@ pub fn open_store(
             }
             config.ttl = options.ttl.unwrap_or(config.ttl);
             config.start_retry = options.start_retry.unwrap_or(config.start_retry);
-            Ok(Box::new(crate::etcd::EtcdStore::connect(config)?))
+            Ok(Box::new(crate::etcd::EtcdStore::connect_sealed(
+                config,
+                options.rpc_client.secret,
+            )?))
         }
         other => Err(MetadataError::Unsupported {
             kind: other.kind(),
@@ -293,28 +297,6 @@ impl MetadataStore for P2pStore {
 }
 
 /// Reads a descriptor stored under `key`.
-pub(crate) fn decode_segment(key: &str, value: &[u8]) -> Result<SegmentDesc, MetadataError> {
-    SegmentDesc::from_json(value).map_err(|source| MetadataError::MalformedValue {
-        key: key.to_owned(),
-        source,
-    })
-}
-
-/// Reads an RPC location stored under `key`.
-pub(crate) fn decode_rpc_meta(key: &str, value: &[u8]) -> Result<RpcMeta, MetadataError> {
-    serde_json::from_slice(value).map_err(|e| MetadataError::MalformedValue {
-        key: key.to_owned(),
-        source: crate::DescriptorError::MalformedJson(e.to_string()),
-    })
-}
-
-/// Compact JSON of an RPC location with Mooncake's trailing newline.
-pub(crate) fn encode_rpc_meta(meta: &RpcMeta) -> String {
-    let mut json = serde_json::to_string(meta).unwrap_or_default();
-    json.push('\n');
-    json
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,6 +64,14 @@ fn connect(server: &RpcServer) -> TcpStream {
     wire::connect(server.local_addr())
 }
 
+/// What a raw client of `server` claims: the endpoint it dialed.
+fn dialed(server: &RpcServer) -> auth::Claims {
+    auth::Claims {
+        dialed: server.local_addr().to_string(),
+        ..auth::Claims::default()
+    }
+}
+
 fn secret() -> ClusterSecret {
     ClusterSecret::new(SECRET.as_bytes()).unwrap()
 }
@@ -122,7 +130,7 @@ fn plain_and_wrong_secret_clients_are_refused_before_the_handler() {
     let peer = other.local_addr().unwrap().to_string();
     let wrong = ClusterSecret::new(b"another").unwrap();
     assert!(matches!(
-        auth::client_handshake(&mut other, &wrong, Channel::Rpc),
+        auth::client_handshake(&mut other, &wrong, Channel::Rpc, dialed(&server)),
         Err(AuthError::BadProof)
     ));
     drop(other);
@@ -143,7 +151,8 @@ fn replayed_reflected_and_truncated_frames_are_refused() {
     let key = secret();
 
     // A genuine exchange, recorded: Hello, Challenge, Proof, then a Probe that is answered.
-    let (exchange, hello) = ClientExchange::with_nonce(&key, Channel::Rpc, [9; 32]);
+    let (exchange, hello) =
+        ClientExchange::with_nonce(&key, Channel::Rpc, dialed(&server), [9; 32]);
     let mut first = connect(&server);
     first.write_all(&hello).unwrap();
     let mut challenge = [0u8; CHALLENGE_LEN];
@@ -176,7 +185,7 @@ fn replayed_reflected_and_truncated_frames_are_refused() {
     // The server's own MAC reflected back as the client's proof.
     let mut reflect = connect(&server);
     let peer = reflect.local_addr().unwrap().to_string();
-    let (_, hello) = ClientExchange::start(&key, Channel::Rpc).unwrap();
+    let (_, hello) = ClientExchange::start(&key, Channel::Rpc, dialed(&server)).unwrap();
     reflect.write_all(&hello).unwrap();
     let mut challenge = [0u8; CHALLENGE_LEN];
     reflect.read_exact(&mut challenge).unwrap();
@@ -204,14 +213,14 @@ fn replayed_reflected_and_truncated_frames_are_refused() {
     let lines = logs::mentioning(&peer);
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(
-        lines[0].contains("after 30 of the 56 bytes"),
+        lines[0].contains("after 30 of the 59 bytes"),
         "{}",
         lines[0]
     );
 
     // A Proof cut short.
     let mut cut = connect(&server);
-    let (exchange, hello) = ClientExchange::start(&key, Channel::Rpc).unwrap();
+    let (exchange, hello) = ClientExchange::start(&key, Channel::Rpc, dialed(&server)).unwrap();
     cut.write_all(&hello).unwrap();
     let mut challenge = [0u8; CHALLENGE_LEN];
     cut.read_exact(&mut challenge).unwrap();
@@ -222,7 +231,9 @@ fn replayed_reflected_and_truncated_frames_are_refused() {
 
     // A Hello meant for a data connection, and a Proof where the Hello belongs.
     for wrong_first in [
-        ClientExchange::start(&key, Channel::TcpData).unwrap().1,
+        ClientExchange::start(&key, Channel::TcpData, dialed(&server))
+            .unwrap()
+            .1,
         AuthFrame::Proof {
             channel: Channel::Rpc,
             mac: [0; 32],
@@ -267,15 +278,23 @@ fn a_replayed_challenge_does_not_fool_a_client_and_no_request_leaves() {
     logs::capture();
     let key = secret();
     // A challenge that is genuine, but for another connection's nonce.
-    let (_, old_hello) = ClientExchange::with_nonce(&key, Channel::Rpc, [1; 32]);
-    let (_, recorded) = ServerExchange::accept(&key, Channel::Rpc, &old_hello).unwrap();
+    let (_, old_hello) =
+        ClientExchange::with_nonce(&key, Channel::Rpc, auth::Claims::default(), [1; 32]);
+    let (_, recorded) =
+        ServerExchange::accept(&key, Channel::Rpc, &auth::Identity::default(), &old_hello).unwrap();
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let endpoint = listener.local_addr().unwrap().to_string();
     let fake = std::thread::spawn(move || {
         let (mut stream, _) = listener.accept().unwrap();
-        let mut hello = [0u8; auth::HELLO_LEN];
-        stream.read_exact(&mut hello).unwrap();
+        let mut hello = [0u8; auth::HELLO_MAX_LEN];
+        stream
+            .read_exact(&mut hello[..auth::HELLO_FIXED_LEN])
+            .unwrap();
+        let len = auth::hello_len(&hello).unwrap();
+        stream
+            .read_exact(&mut hello[auth::HELLO_FIXED_LEN..len])
+            .unwrap();
         stream.write_all(&recorded).unwrap();
         // Whatever the client sends after our replayed challenge.
         drain(&mut stream)

@@ -1,23 +1,42 @@
-//! The client side: a pool of persistent connections per peer, each with one worker thread
+//! The client side: a pool of persistent connections per peer, each with one lane thread
 //! taking slices from the pool's queue, so slices stripe across connections.
+//!
+//! A lane pipelines: it keeps up to [`PIPELINE_SLICES`] requests (and [`PIPELINE_BYTES`]) on
+//! its connection, and sends requests and takes replies at the same time over a non-blocking
+//! socket, waiting in `poll(2)` for whichever can move. Reads and writes mixed in one group
+//! therefore never deadlock: read replies filling the socket buffers are taken while write
+//! bodies are still going out.
 
-use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::collections::VecDeque;
+use std::io::{self, Read};
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use tern_engine::{Opcode, PeerState, PeerStats, Slice, TransferError};
-use tern_metadata::auth::{self, Channel, ClusterSecret};
+use tern_memreg::{RegionIo, wait_ready};
+use tern_metadata::auth::{Channel, ClusterSecret};
+use tern_metadata::net::{Dial, DialAuth, dial};
 
 use crate::TcpConfig;
-use crate::wire::{Header, OP_READ, OP_V2, OP_WRITE, Status};
+use crate::wire::{HEADER_LEN, Header, OP_READ, OP_V2, OP_WRITE, Status};
 
 /// After a failed connect, further slices to the same peer fail at once for this long
 /// instead of each waiting for its own connect timeout.
 const FAST_FAIL: Duration = Duration::from_millis(100);
+
+/// Most requests one lane has on its connection at once.
+const PIPELINE_SLICES: usize = 32;
+/// Most bytes one lane has on its connection at once.
+const PIPELINE_BYTES: usize = 8 << 20;
+
+/// A connection unused for longer than this is checked before reuse: the server may have
+/// closed it for idleness, and a request sent into a closed connection would fail.
+const IDLE_CHECK: Duration = Duration::from_millis(50);
 
 #[derive(Debug)]
 pub(crate) struct Pool {
@@ -26,12 +45,21 @@ pub(crate) struct Pool {
     lanes: Mutex<Vec<JoinHandle<()>>>,
 }
 
+/// Who this node is and whom a pool's connections must reach, for the cluster-secret
+/// exchange.
+#[derive(Debug, Clone)]
+pub(crate) struct PoolAuth {
+    pub secret: ClusterSecret,
+    pub local_segment: String,
+    pub peer_segment: String,
+}
+
 #[derive(Debug)]
 struct PoolShared {
     endpoint: String,
     config: TcpConfig,
     /// Proved to the peer on every new connection, before the first request.
-    secret: Option<ClusterSecret>,
+    auth: Option<PoolAuth>,
     stop: Arc<AtomicBool>,
     last_connect_failure: Mutex<Option<(Instant, String)>>,
     /// The last failure with this peer (connecting, or a connection breaking), for stats.
@@ -48,7 +76,7 @@ impl Pool {
     pub(crate) fn start(
         endpoint: String,
         config: TcpConfig,
-        secret: Option<ClusterSecret>,
+        auth: Option<PoolAuth>,
         stop: Arc<AtomicBool>,
     ) -> Arc<Self> {
         let (sender, receiver) = crossbeam_channel::unbounded();
@@ -56,7 +84,7 @@ impl Pool {
         let shared = Arc::new(PoolShared {
             endpoint,
             config,
-            secret,
+            auth,
             stop,
             last_connect_failure: Mutex::new(None),
             last_error: Mutex::new(None),
@@ -121,11 +149,6 @@ impl Pool {
     }
 }
 
-/// Most slices one lane sends before reading their replies.
-const PIPELINE_SLICES: usize = 32;
-/// Most bytes one lane has in flight.
-const PIPELINE_BYTES: usize = 8 << 20;
-
 fn config_lanes(config: &TcpConfig) -> usize {
     config.connections_per_peer.max(1)
 }
@@ -133,30 +156,12 @@ fn config_lanes(config: &TcpConfig) -> usize {
 fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Slice>) {
     let mut connection: Option<TcpStream> = None;
     let mut last_used = Instant::now();
-    let mut group: Vec<Slice> = Vec::with_capacity(PIPELINE_SLICES);
+    // Blocks for the first slice only when nothing is in flight.
     while let Ok(first) = receiver.recv() {
-        let mut bytes = first.len;
-        group.push(first);
-        while group.len() < PIPELINE_SLICES && bytes < PIPELINE_BYTES {
-            match receiver.try_recv() {
-                Ok(slice) => {
-                    bytes += slice.len;
-                    group.push(slice);
-                }
-                Err(_) => break,
-            }
-        }
-        let mut live = Vec::with_capacity(group.len());
-        for slice in group.drain(..) {
-            if shared.stop.load(Ordering::Acquire) {
-                slice.fail(TransferError::Dropped("TCP transport shut down".into()));
-            } else if slice.is_live() {
-                live.push(slice);
-            } else {
-                slice.abandon();
-            }
-        }
-        if live.is_empty() {
+        let mut window = Window::default();
+        window.take(shared, first);
+        window.fill(shared, receiver);
+        if window.is_empty() {
             continue;
         }
         if connection.is_some()
@@ -165,7 +170,6 @@ fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Slice>) {
         {
             connection = None;
         }
-        last_used = Instant::now();
         let stream = match connection.as_mut() {
             Some(stream) => stream,
             None => match shared.connect() {
@@ -177,115 +181,341 @@ fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Slice>) {
                     connection.insert(stream)
                 }
                 Err(message) => {
-                    for slice in live {
-                        slice.fail(TransferError::Connection {
-                            peer: shared.endpoint.clone(),
-                            message: message.clone(),
-                        });
-                    }
+                    window.fail_all(|| TransferError::Connection {
+                        peer: shared.endpoint.clone(),
+                        message: message.clone(),
+                    });
                     continue;
                 }
             },
         };
-        if !run_pipelined(shared, stream, live) {
+        let healthy = window.run(shared, stream, receiver);
+        last_used = Instant::now();
+        if !healthy {
             connection = None;
             lock(&shared.open)[lane] = None;
         }
     }
 }
 
-/// A connection unused for longer than this is checked before reuse: the server may have
-/// closed it for idleness, and a request sent into a closed connection would fail.
-const IDLE_CHECK: Duration = Duration::from_millis(50);
-
-/// Whether the peer has not closed `stream` (nothing may be pending on it between requests).
+/// Whether the peer has not closed `stream` (nothing may be pending on it between requests;
+/// the socket is non-blocking).
 fn still_open(stream: Option<&TcpStream>) -> bool {
-    let Some(stream) = stream else {
-        return false;
-    };
-    if stream.set_nonblocking(true).is_err() {
-        return false;
-    }
-    let alive =
-        matches!(stream.peek(&mut [0u8; 1]), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock);
-    alive && stream.set_nonblocking(false).is_ok()
+    stream.is_some_and(|stream| {
+        matches!(stream.peek(&mut [0u8; 1]), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
+    })
 }
 
-/// Sends every request of `slices`, then takes the replies in order (the server answers a
-/// connection's requests one after another). Returns whether the connection is still good.
-fn run_pipelined(shared: &PoolShared, stream: &mut TcpStream, slices: Vec<Slice>) -> bool {
-    let v2 =
-        |slice: &Slice| shared.config.proto_version >= 2 && slice.peer.desc.tcp_proto_version >= 2;
-    let mut sent = 0;
-    let mut send_error = None;
-    for slice in &slices {
-        if let Err(e) = send_request(stream, slice, v2(slice)) {
-            send_error = Some(e);
-            break;
-        }
-        sent += 1;
+/// A request being sent: its header, and how many of its bytes (header and body) are out.
+#[derive(Debug)]
+struct Sending {
+    slice: Slice,
+    header: [u8; HEADER_LEN],
+    v2: bool,
+    sent: usize,
+}
+
+impl Sending {
+    fn total(&self) -> usize {
+        HEADER_LEN
+            + match self.slice.opcode {
+                Opcode::Write => self.slice.len,
+                Opcode::Read => 0,
+            }
     }
-    let mut replies = slices.into_iter();
-    let connection_failed = |slice: Slice, e: &io::Error| {
-        slice.fail(TransferError::Connection {
+}
+
+/// A request on the wire, waiting for (the rest of) its reply.
+#[derive(Debug)]
+struct Awaiting {
+    slice: Slice,
+    v2: bool,
+    status: [u8; 8],
+    /// Bytes of the status frame received.
+    status_got: usize,
+    /// Bytes of a read's data received.
+    body_got: usize,
+}
+
+/// What one lane has taken on: requests to send, the one being sent, and those awaiting
+/// replies, oldest first.
+#[derive(Debug, Default)]
+struct Window {
+    queued: VecDeque<Slice>,
+    sending: Option<Sending>,
+    awaiting: VecDeque<Awaiting>,
+    bytes: usize,
+}
+
+/// How one pass over the connection went.
+enum Step {
+    /// Something moved.
+    Moved,
+    /// Nothing could move without waiting.
+    Blocked,
+}
+
+impl Window {
+    fn is_empty(&self) -> bool {
+        self.queued.is_empty() && self.sending.is_none() && self.awaiting.is_empty()
+    }
+
+    fn count(&self) -> usize {
+        self.queued.len() + usize::from(self.sending.is_some()) + self.awaiting.len()
+    }
+
+    fn room(&self) -> bool {
+        self.count() < PIPELINE_SLICES && self.bytes < PIPELINE_BYTES
+    }
+
+    /// Takes a slice into the window (or settles it at once if it should not run).
+    fn take(&mut self, shared: &PoolShared, slice: Slice) {
+        if shared.stop.load(Ordering::Acquire) {
+            slice.fail(TransferError::Dropped("TCP transport shut down".into()));
+        } else if slice.is_live() {
+            self.bytes += slice.len;
+            self.queued.push_back(slice);
+        } else {
+            slice.abandon();
+        }
+    }
+
+    /// Takes queued slices while there is room.
+    fn fill(&mut self, shared: &PoolShared, receiver: &Receiver<Slice>) {
+        while self.room() {
+            match receiver.try_recv() {
+                Ok(slice) => self.take(shared, slice),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+    }
+
+    fn fail_all(&mut self, error: impl Fn() -> TransferError) {
+        let sending = self.sending.take().map(|s| s.slice);
+        let awaiting = self.awaiting.drain(..).map(|a| a.slice);
+        for slice in awaiting.chain(sending).chain(self.queued.drain(..)) {
+            slice.fail(error());
+        }
+        self.bytes = 0;
+    }
+
+    /// Runs the window over `stream` until it is empty (taking more slices as room frees up);
+    /// returns whether the connection is still good.
+    fn run(
+        &mut self,
+        shared: &PoolShared,
+        stream: &mut TcpStream,
+        receiver: &Receiver<Slice>,
+    ) -> bool {
+        let io_timeout = shared.config.io_timeout;
+        let mut last_progress = Instant::now();
+        while !self.is_empty() {
+            let outcome = self.send(shared, stream).and_then(|sent| {
+                let received = self.receive(shared, stream)?;
+                Ok(matches!(sent, Step::Moved) || matches!(received, Step::Moved))
+            });
+            match outcome {
+                Ok(true) => {
+                    last_progress = Instant::now();
+                    self.fill(shared, receiver);
+                }
+                Ok(false) => {
+                    let left = io_timeout.saturating_sub(last_progress.elapsed());
+                    if left.is_zero() {
+                        return self.broken(shared, "no progress within the I/O timeout".into());
+                    }
+                    let want_write = self.sending.is_some() || !self.queued.is_empty();
+                    let want_read = !self.awaiting.is_empty();
+                    if let Err(e) = wait_ready(stream.as_fd(), want_read, want_write, Some(left)) {
+                        return self.broken(shared, e.to_string());
+                    }
+                }
+                Err(Failure::Protocol(message)) => {
+                    if let Some(front) = self.awaiting.pop_front() {
+                        self.bytes -= front.slice.len;
+                        front.slice.fail(TransferError::Protocol {
+                            peer: shared.endpoint.clone(),
+                            message,
+                        });
+                    }
+                    return self.broken(shared, "protocol error".into());
+                }
+                Err(Failure::Io(e)) => return self.broken(shared, format!("{e} (mid-transfer)")),
+            }
+        }
+        true
+    }
+
+    /// Fails everything in the window after the connection broke.
+    fn broken(&mut self, shared: &PoolShared, message: String) -> bool {
+        *lock(&shared.last_error) = Some(message.clone());
+        self.fail_all(|| TransferError::Connection {
             peer: shared.endpoint.clone(),
-            message: format!("{e} (mid-transfer)"),
+            message: message.clone(),
         });
-    };
-    for slice in replies.by_ref().take(sent) {
-        match receive_reply(stream, &slice, v2(&slice)) {
-            Ok(()) => slice.complete(),
-            Err(Failure::Rejected) => {
-                let error = TransferError::RemoteRejected {
-                    peer: shared.endpoint.clone(),
-                    addr: slice.remote_addr,
-                    len: slice.len,
+        false
+    }
+
+    /// Sends as much of the pending requests as the socket takes now.
+    fn send(&mut self, shared: &PoolShared, stream: &mut TcpStream) -> Result<Step, Failure> {
+        let mut step = Step::Blocked;
+        loop {
+            if self.sending.is_none() {
+                let Some(slice) = self.queued.pop_front() else {
+                    return Ok(step);
                 };
-                slice.fail(error);
-            }
-            Err(Failure::Protocol(message)) => {
-                slice.fail(TransferError::Protocol {
-                    peer: shared.endpoint.clone(),
-                    message,
+                if !slice.is_live() {
+                    self.bytes -= slice.len;
+                    slice.abandon();
+                    continue;
+                }
+                let v2 = shared.config.proto_version >= 2 && slice.peer.desc.tcp_proto_version >= 2;
+                let op = match slice.opcode {
+                    Opcode::Read => OP_READ,
+                    Opcode::Write => OP_WRITE,
+                };
+                let header = Header {
+                    size: slice.len as u64,
+                    addr: slice.remote_addr,
+                    opcode: if v2 { op | OP_V2 } else { op },
+                }
+                .encode();
+                self.sending = Some(Sending {
+                    slice,
+                    header,
+                    v2,
+                    sent: 0,
                 });
-                send_error = Some(io::Error::other("protocol error"));
-                break;
             }
-            Err(Failure::Io(e)) => {
-                connection_failed(slice, &e);
-                send_error = Some(e);
-                break;
+            let Some(sending) = self.sending.as_mut() else {
+                return Ok(step);
+            };
+            let total = sending.total();
+            while sending.sent < total {
+                let head = &sending.header[sending.sent.min(HEADER_LEN)..];
+                let body_from = sending.sent.saturating_sub(HEADER_LEN);
+                let result = match sending.slice.opcode {
+                    Opcode::Write => sending
+                        .slice
+                        .local
+                        .slice(
+                            sending.slice.local_addr + body_from,
+                            sending.slice.len - body_from,
+                        )
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+                        .and_then(|body| stream.write_from(head, body)),
+                    Opcode::Read => io::Write::write(stream, head),
+                };
+                match result {
+                    Ok(0) => return Err(Failure::Io(io::ErrorKind::WriteZero.into())),
+                    Ok(n) => {
+                        sending.sent += n;
+                        step = Step::Moved;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(step),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::Io(e)),
+                }
+            }
+            if let Some(done) = self.sending.take() {
+                self.awaiting.push_back(Awaiting {
+                    slice: done.slice,
+                    v2: done.v2,
+                    status: [0; 8],
+                    status_got: 0,
+                    body_got: 0,
+                });
             }
         }
     }
-    match send_error {
-        None => true,
-        Some(e) => {
-            *lock(&shared.last_error) = Some(format!("{e} (mid-transfer)"));
-            for slice in replies {
-                connection_failed(slice, &e);
+
+    /// Takes as much of the replies as the socket holds now, completing each slice whose
+    /// reply is whole.
+    fn receive(&mut self, shared: &PoolShared, stream: &mut TcpStream) -> Result<Step, Failure> {
+        let mut step = Step::Blocked;
+        while let Some(front) = self.awaiting.front_mut() {
+            let status_len = if front.v2 { 8 } else { 0 };
+            let (is_read, len) = (front.slice.opcode == Opcode::Read, front.slice.len);
+            // A write's status comes after its data reached the server, a read's before its
+            // data: either way the status is first on the wire for this request.
+            if front.status_got < status_len {
+                match stream.read(&mut front.status[front.status_got..]) {
+                    Ok(0) => return Err(Failure::Io(io::ErrorKind::UnexpectedEof.into())),
+                    Ok(n) => {
+                        front.status_got += n;
+                        step = Step::Moved;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(step),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::Io(e)),
+                }
+                if front.status_got < status_len {
+                    continue;
+                }
+                match Status::decode(front.status) {
+                    Ok(Status::Ok) => {}
+                    Ok(Status::AddressRejected) => {
+                        let Some(done) = self.awaiting.pop_front() else {
+                            break;
+                        };
+                        self.bytes -= done.slice.len;
+                        let error = TransferError::RemoteRejected {
+                            peer: shared.endpoint.clone(),
+                            addr: done.slice.remote_addr,
+                            len: done.slice.len,
+                        };
+                        done.slice.fail(error);
+                        continue;
+                    }
+                    Err(raw) => {
+                        return Err(Failure::Protocol(format!(
+                            "unknown status frame {raw:#018x}"
+                        )));
+                    }
+                }
             }
-            false
+            if is_read && front.body_got < len {
+                let body = front
+                    .slice
+                    .local
+                    .slice(
+                        front.slice.local_addr + front.body_got,
+                        len - front.body_got,
+                    )
+                    .map_err(|e| Failure::Io(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+                match stream.read_into(body) {
+                    Ok(0) => return Err(Failure::Io(io::ErrorKind::UnexpectedEof.into())),
+                    Ok(n) => {
+                        front.body_got += n;
+                        step = Step::Moved;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(step),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::Io(e)),
+                }
+                if front.body_got < len {
+                    continue;
+                }
+            }
+            if let Some(done) = self.awaiting.pop_front() {
+                self.bytes -= done.slice.len;
+                done.slice.complete();
+            }
         }
+        Ok(step)
     }
 }
 
 impl PoolShared {
     fn connect(&self) -> Result<TcpStream, String> {
         {
-            let last = self
-                .last_connect_failure
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let last = lock(&self.last_connect_failure);
             if let Some((at, message)) = last.as_ref().filter(|(at, _)| at.elapsed() < FAST_FAIL) {
                 return Err(format!("{message} ({} ms ago)", at.elapsed().as_millis()));
             }
         }
         let result = self.try_connect();
-        let mut last = self
-            .last_connect_failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut last = lock(&self.last_connect_failure);
         match &result {
             Ok(_) => *last = None,
             Err(message) => {
@@ -298,91 +528,24 @@ impl PoolShared {
 
     fn try_connect(&self) -> Result<TcpStream, String> {
         let _span = tracing::debug_span!("tcp_connect", peer = %self.endpoint).entered();
-        let addrs: Vec<SocketAddr> = self
-            .endpoint
-            .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve: {e}"))?
-            .collect();
-        let mut last = "no address".to_owned();
-        for addr in addrs {
-            match TcpStream::connect_timeout(&addr, self.config.connect_timeout) {
-                Ok(mut stream) => {
-                    stream.set_nodelay(true).map_err(|e| e.to_string())?;
-                    if let Some(secret) = &self.secret {
-                        // Part of connecting: bounded like it, before any request leaves.
-                        let bound = Some(self.config.connect_timeout.min(self.config.io_timeout));
-                        stream
-                            .set_read_timeout(bound)
-                            .and_then(|()| stream.set_write_timeout(bound))
-                            .map_err(|e| e.to_string())?;
-                        auth::client_handshake(&mut stream, secret, Channel::TcpData)
-                            .map_err(|e| format!("authentication failed: {e}"))?;
-                    }
-                    let setup = stream
-                        .set_read_timeout(Some(self.config.io_timeout))
-                        .and_then(|()| stream.set_write_timeout(Some(self.config.io_timeout)));
-                    return setup.map(|()| stream).map_err(|e| e.to_string());
-                }
-                Err(e) => last = format!("connect: {e}"),
-            }
-        }
-        Err(last)
+        let dialing = Dial {
+            endpoint: &self.endpoint,
+            connect_timeout: self.config.connect_timeout,
+            auth: self.auth.as_ref().map(|auth| DialAuth {
+                secret: &auth.secret,
+                channel: Channel::TcpData,
+                client_segment: &auth.local_segment,
+                server_segment: &auth.peer_segment,
+            }),
+        };
+        let stream = dial(&dialing, self.config.io_timeout).map_err(|e| e.to_string())?;
+        // Lanes wait in poll(2), bounded by the I/O timeout, and never block in a call.
+        stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+        Ok(stream)
     }
 }
 
 enum Failure {
-    Rejected,
     Protocol(String),
     Io(io::Error),
-}
-
-impl From<io::Error> for Failure {
-    fn from(e: io::Error) -> Self {
-        Self::Io(e)
-    }
-}
-
-fn send_request(stream: &mut TcpStream, slice: &Slice, v2: bool) -> io::Result<()> {
-    let op = match slice.opcode {
-        Opcode::Read => OP_READ,
-        Opcode::Write => OP_WRITE,
-    };
-    let header = Header {
-        size: slice.len as u64,
-        addr: slice.remote_addr,
-        opcode: if v2 { op | OP_V2 } else { op },
-    }
-    .encode();
-    match slice.opcode {
-        Opcode::Write => {
-            slice
-                .local
-                .write_prefixed_to(&header, slice.local_addr, slice.len, stream)
-        }
-        Opcode::Read => stream.write_all(&header),
-    }
-}
-
-fn receive_reply(stream: &mut TcpStream, slice: &Slice, v2: bool) -> Result<(), Failure> {
-    if v2 {
-        read_status(stream)?;
-    }
-    if slice.opcode == Opcode::Read {
-        slice
-            .local
-            .read_exact_from(slice.local_addr, slice.len, stream)?;
-    }
-    Ok(())
-}
-
-fn read_status(stream: &mut TcpStream) -> Result<(), Failure> {
-    let mut frame = [0u8; 8];
-    stream.read_exact(&mut frame)?;
-    match Status::decode(frame) {
-        Ok(Status::Ok) => Ok(()),
-        Ok(Status::AddressRejected) => Err(Failure::Rejected),
-        Err(raw) => Err(Failure::Protocol(format!(
-            "unknown status frame {raw:#018x}"
-        ))),
-    }
 }

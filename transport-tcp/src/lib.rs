@@ -31,6 +31,7 @@ use tern_engine::{
 };
 use tern_metadata::auth::ClusterSecret;
 
+pub use server::serve_request;
 pub use wire::{HEADER_LEN, Header, OP_READ, OP_V2, OP_WRITE, STATUS_MAGIC, Status};
 
 /// The protocol name published in descriptors.
@@ -108,6 +109,8 @@ struct Running {
     config: TcpConfig,
     /// The engine's cluster secret: every data connection, both ways, opens by proving it.
     secret: Option<ClusterSecret>,
+    /// This node's segment name, claimed when connecting with a secret.
+    segment: String,
     stop: Arc<AtomicBool>,
     server: Mutex<Option<server::Server>>,
     local: SocketAddr,
@@ -128,17 +131,22 @@ impl TcpTransport {
         self.running.get().map(|r| r.local.port())
     }
 
-    fn pool(running: &Running, host: &str, port: u16) -> Arc<client::Pool> {
+    fn pool(running: &Running, host: &str, port: u16, peer_segment: &str) -> Arc<client::Pool> {
         let mut pools = running.pools.lock().unwrap_or_else(|p| p.into_inner());
         pools
             .entry((host.to_owned(), port))
             .or_insert_with(|| {
-                client::Pool::start(
-                    format!("{host}:{port}"),
-                    running.config.clone(),
-                    running.secret.clone(),
-                    running.stop.clone(),
-                )
+                let auth = running.secret.clone().map(|secret| client::PoolAuth {
+                    secret,
+                    local_segment: running.segment.clone(),
+                    peer_segment: peer_segment.to_owned(),
+                });
+                let endpoint = if host.contains(':') {
+                    format!("[{host}]:{port}")
+                } else {
+                    format!("{host}:{port}")
+                };
+                client::Pool::start(endpoint, running.config.clone(), auth, running.stop.clone())
             })
             .clone()
     }
@@ -160,10 +168,10 @@ impl Transport for TcpTransport {
         let secret = context.cluster_secret().cloned();
         let server = server::Server::start(
             context.advertised_ip,
-            context.registry,
+            context.registry.clone(),
             self.config.clone(),
             secret.clone(),
-            stop.clone(),
+            context.segment_name.clone(),
         )
         .map_err(|e| {
             TransportError(format!(
@@ -174,6 +182,7 @@ impl Transport for TcpTransport {
         let running = Arc::new(Running {
             config: self.config.clone(),
             secret,
+            segment: context.segment_name.clone(),
             local: server.local_addr(),
             stop,
             server: Mutex::new(Some(server)),
@@ -213,7 +222,7 @@ impl Transport for TcpTransport {
             let pool = match &current {
                 Some((k, pool)) if *k == key => pool.clone(),
                 _ => {
-                    let pool = Self::pool(running, &key.0, key.1);
+                    let pool = Self::pool(running, &key.0, key.1, &slice.peer.desc.name);
                     current = Some((key, pool.clone()));
                     pool
                 }

@@ -1,16 +1,18 @@
 //! The data server: with a cluster secret, refuses every connection whose peer does not prove
 //! it knows it (before a header is read); then checks every request against registered memory
-//! and moves the bytes.
+//! and moves the bytes. Connections are accepted, limited and joined by the one
+//! [`Acceptor`]; a request must arrive within its deadline from its first byte.
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use tern_memreg::MemoryRegistry;
-use tern_metadata::auth::{self, Channel, ClusterSecret};
-use tern_metadata::net::{Acceptor, bind_listener};
+use tern_memreg::{MemoryRegistry, RegionIo, RegionSlice};
+use tern_metadata::auth::{self, Channel, ClusterSecret, Identity};
+use tern_metadata::net::{
+    Acceptor, DeadlineRead, Replayed, ServeLimits, Served, bind_listener, is_tick,
+};
 
 use crate::TcpConfig;
 use crate::wire::{HEADER_LEN, Header, OP_READ, OP_WRITE, Status};
@@ -18,6 +20,10 @@ use crate::wire::{HEADER_LEN, Header, OP_READ, OP_WRITE, Status};
 /// The body of a rejected write is read and thrown away to keep the stream in step, up to
 /// this size; a larger one closes the connection instead.
 const MAX_DRAIN: u64 = 256 << 20;
+
+/// The slowest a request body may arrive (or a read reply be taken) on average, on top of
+/// the I/O timeout: a peer trickling bytes holds a connection no longer than that allows.
+const MIN_BODY_RATE: u64 = 1 << 20;
 
 #[derive(Debug)]
 pub(crate) struct Server {
@@ -30,14 +36,32 @@ impl Server {
         registry: Arc<MemoryRegistry>,
         config: TcpConfig,
         secret: Option<ClusterSecret>,
-        stop: Arc<AtomicBool>,
+        segment: String,
     ) -> io::Result<Self> {
         let listener = bind_listener(ip, config.ports)?;
-        let name = format!("tern-tcp-{}", listener.local_addr()?.port());
-        let flag = stop.clone();
-        let acceptor = Acceptor::spawn(listener, name, stop, move |listener| {
-            accept_loop(listener, registry, config, secret, flag)
-        })?;
+        let local = listener.local_addr()?;
+        let name = format!("tern-tcp-{}", local.port());
+        let identity = Identity {
+            segment,
+            endpoint: local.to_string(),
+        };
+        let limits = ServeLimits {
+            max_connections: config.max_inbound,
+            frame_deadline: config.io_timeout.min(auth::EXCHANGE_TIMEOUT),
+            idle_timeout: config.idle_timeout,
+            write_timeout: config.io_timeout,
+        };
+        let io_timeout = config.io_timeout;
+        let serve = move |served: Served| {
+            let peer = served.peer.clone();
+            let stopping = served.stop_flag();
+            if let Err(reason) = serve(served, &registry, io_timeout, secret.as_ref(), &identity)
+                && !stopping.load(std::sync::atomic::Ordering::Acquire)
+            {
+                tracing::warn!("tcp data connection from {peer} dropped: {reason}");
+            }
+        };
+        let acceptor = Acceptor::serve(listener, &name, limits, Arc::new(serve))?;
         Ok(Self { acceptor })
     }
 
@@ -46,224 +70,203 @@ impl Server {
     }
 }
 
-/// Inbound connections: a clone of each socket (to shut it down) and its thread.
-#[derive(Default)]
-struct Connections {
-    sockets: Mutex<Vec<(u64, TcpStream)>>,
-}
-
-fn accept_loop(
-    listener: TcpListener,
-    registry: Arc<MemoryRegistry>,
-    config: TcpConfig,
-    secret: Option<ClusterSecret>,
-    stop: Arc<AtomicBool>,
-) {
-    let active = Arc::new(AtomicUsize::new(0));
-    let connections = Arc::new(Connections::default());
-    let mut threads: Vec<JoinHandle<()>> = Vec::new();
-    let mut next_id = 0u64;
-    for conn in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            break;
-        }
-        threads.retain(|t| !t.is_finished());
-        let stream = match conn {
-            Ok(stream) => stream,
-            Err(e) => {
-                tracing::warn!("tcp data accept failed: {e}");
-                continue;
-            }
-        };
-        if active.load(Ordering::Acquire) >= config.max_inbound {
-            tracing::warn!(
-                "tcp data server at {} connections; closing a new one",
-                config.max_inbound
-            );
-            continue;
-        }
-        let Ok(handle) = stream.try_clone() else {
-            continue;
-        };
-        next_id += 1;
-        let id = next_id;
-        lock(&connections.sockets).push((id, handle));
-        active.fetch_add(1, Ordering::AcqRel);
-        let (registry, config, secret, stop, active, connections) = (
-            registry.clone(),
-            config.clone(),
-            secret.clone(),
-            stop.clone(),
-            active.clone(),
-            connections.clone(),
-        );
-        let spawned = std::thread::Builder::new()
-            .name("tern-tcp-conn".into())
-            .spawn(move || {
-                let peer = stream
-                    .peer_addr()
-                    .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-                if let Err(reason) = serve(stream, &registry, &config, secret.as_ref(), &stop)
-                    && !stop.load(Ordering::Acquire)
-                {
-                    tracing::warn!("tcp data connection from {peer} dropped: {reason}");
-                }
-                lock(&connections.sockets).retain(|(other, _)| *other != id);
-                active.fetch_sub(1, Ordering::AcqRel);
-            });
-        match spawned {
-            Ok(thread) => threads.push(thread),
-            Err(e) => tracing::warn!("tcp data server cannot spawn a thread: {e}"),
-        }
-    }
-    // Stopping: cut every inbound connection and wait for its thread, so that no peer
-    // touches registered memory once the transport has shut down.
-    for (_, socket) in lock(&connections.sockets).iter() {
-        let _ = socket.shutdown(Shutdown::Both);
-    }
-    for thread in threads {
-        let _ = thread.join();
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Serves one connection until the peer closes it (`Ok`) or misbehaves (`Err(reason)`).
 fn serve(
-    mut stream: TcpStream,
+    mut served: Served,
     registry: &MemoryRegistry,
-    config: &TcpConfig,
+    io_timeout: Duration,
     secret: Option<&ClusterSecret>,
-    stop: &AtomicBool,
+    me: &Identity,
 ) -> Result<(), String> {
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
-    stream
-        .set_write_timeout(Some(config.io_timeout))
-        .map_err(|e| e.to_string())?;
     if let Some(secret) = secret {
-        // A peer that never speaks holds its slot no longer than the exchange's bound.
-        stream
-            .set_read_timeout(Some(config.io_timeout.min(auth::EXCHANGE_TIMEOUT)))
-            .map_err(|e| e.to_string())?;
-        match auth::server_handshake(&mut stream, secret, Channel::TcpData) {
-            Ok(()) => {}
-            Err(e) if e.is_silent_close() => return Ok(()),
-            Err(e) => return Err(format!("refused, nothing served: {e}")),
+        // The exchange is one frame: bounded from the first byte by the frame deadline.
+        let mut first = [0u8; 1];
+        if !served.await_frame(&mut first).map_err(|e| e.to_string())? {
+            return Ok(());
+        }
+        let mut frame = served.frame();
+        let mut stream = Replayed::new(&first, &mut frame);
+        if let Err(e) = auth::server_handshake(&mut stream, secret, Channel::TcpData, me) {
+            return Err(format!("refused, nothing served: {e}"));
         }
     }
+    let mut header = [0u8; HEADER_LEN];
     loop {
-        if stop.load(Ordering::Acquire) {
+        let mut first = [0u8; 1];
+        if !served.await_frame(&mut first).map_err(|e| match e {
+            e if is_tick(&e) => "idle for too long".to_owned(),
+            e => e.to_string(),
+        })? {
             return Ok(());
         }
-        stream
-            .set_read_timeout(Some(config.idle_timeout))
-            .map_err(|e| e.to_string())?;
-        let Some(header) = read_header(&mut stream)? else {
-            return Ok(());
+        header[0] = first[0];
+        let mut frame = served.frame();
+        read_rest(&mut frame, &mut header[1..])?;
+        let header = Header::decode(&header);
+        let deadline = Instant::now()
+            + io_timeout
+            + Duration::from_secs(header.size.min(MAX_DRAIN) / MIN_BODY_RATE);
+        let mut conn = Deadlined {
+            stream: &mut served.stream,
+            deadline,
         };
-        stream
-            .set_read_timeout(Some(config.io_timeout))
-            .map_err(|e| e.to_string())?;
-        let op = header.operation();
-        if op != OP_READ && op != OP_WRITE {
-            if header.size.to_le_bytes() == auth::MAGIC {
-                return Err(
-                    "the peer wants to authenticate with a cluster secret and this node has none"
-                        .into(),
-                );
-            }
-            return Err(format!("unknown opcode {:#04x}", header.opcode));
-        }
-        let pin = usize::try_from(header.size)
-            .ok()
-            .zip(usize::try_from(header.addr).ok())
-            .ok_or_else(|| "address or size beyond this machine's address space".to_owned())
-            .and_then(|(size, addr)| {
-                registry
-                    .pin_remote(addr, size)
-                    .map_err(|e| e.to_string())
-                    .map(|pin| (pin, addr, size))
-            });
-        let io = |e: io::Error| format!("{e} during a {} byte transfer", header.size);
-        match (op, pin) {
-            (OP_READ, Ok((pin, addr, size))) => {
-                let status = Status::Ok.encode();
-                let prefix: &[u8] = if header.is_v2() { &status } else { &[] };
-                pin.write_prefixed_to(prefix, addr, size, &mut stream)
-                    .map_err(io)?;
-            }
-            (_, Ok((pin, addr, size))) => {
-                pin.read_exact_from(addr, size, &mut stream).map_err(io)?;
-                if header.is_v2() {
-                    stream.write_all(&Status::Ok.encode()).map_err(io)?;
-                }
-            }
-            (_, Err(reason)) if !header.is_v2() => {
-                return Err(format!(
-                    "v1 request rejected ({reason}); v1 cannot signal it"
-                ));
-            }
-            (OP_READ, Err(reason)) => {
-                tracing::debug!(
-                    "rejecting read at {:#x}+{}: {reason}",
-                    header.addr,
-                    header.size
-                );
-                stream
-                    .write_all(&Status::AddressRejected.encode())
-                    .map_err(io)?;
-            }
-            (_, Err(reason)) => {
-                if header.size > MAX_DRAIN {
-                    return Err(format!(
-                        "rejected write of {} bytes is too large to drain ({reason})",
-                        header.size
-                    ));
-                }
-                tracing::debug!(
-                    "rejecting write at {:#x}+{}: {reason}",
-                    header.addr,
-                    header.size
-                );
-                let drained =
-                    io::copy(&mut (&mut stream).take(header.size), &mut io::sink()).map_err(io)?;
-                if drained != header.size {
-                    return Err("peer closed during a rejected write".into());
-                }
-                stream
-                    .write_all(&Status::AddressRejected.encode())
-                    .map_err(io)?;
-            }
-        }
+        serve_request(&mut conn, &header, registry)?;
     }
 }
 
-/// Reads a header; `None` when the peer closed cleanly between requests.
-fn read_header(stream: &mut TcpStream) -> Result<Option<Header>, String> {
-    let mut bytes = [0u8; HEADER_LEN];
+/// The rest of a header, within the frame deadline.
+fn read_rest(frame: &mut DeadlineRead<'_, TcpStream>, rest: &mut [u8]) -> Result<(), String> {
     let mut filled = 0;
-    while filled < HEADER_LEN {
-        match stream.read(&mut bytes[filled..]) {
-            Ok(0) if filled == 0 => return Ok(None),
-            Ok(0) => return Err(format!("truncated header ({filled} of {HEADER_LEN} bytes)")),
+    while filled < rest.len() {
+        match frame.read(&mut rest[filled..]) {
+            Ok(0) => {
+                return Err(format!(
+                    "truncated header ({} of {HEADER_LEN} bytes)",
+                    filled + 1
+                ));
+            }
             Ok(n) => filled += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(if filled == 0 {
-                    "idle for too long".to_owned()
-                } else {
-                    format!("silent mid-header ({filled} of {HEADER_LEN} bytes)")
-                });
+            Err(e) if is_tick(&e) => {
+                return Err(format!(
+                    "silent mid-header ({} of {HEADER_LEN} bytes)",
+                    filled + 1
+                ));
             }
             Err(e) => return Err(e.to_string()),
         }
     }
-    Ok(Some(Header::decode(&bytes)))
+    Ok(())
+}
+
+/// Serves one request whose header has been read from `conn`: admits it against the
+/// registered, remote-accessible memory of `registry` (the server's only admission check) and
+/// moves its bytes over `conn`. `Ok` to go on with the next request; `Err` with the reason to
+/// close the connection. What the server runs for every request, public so that it can be
+/// fuzzed without a socket.
+pub fn serve_request<C: RegionIo + Read + Write>(
+    conn: &mut C,
+    header: &Header,
+    registry: &MemoryRegistry,
+) -> Result<(), String> {
+    let op = header.operation();
+    if op != OP_READ && op != OP_WRITE {
+        if header.size.to_le_bytes() == auth::MAGIC {
+            return Err(
+                "the peer wants to authenticate with a cluster secret and this node has none"
+                    .into(),
+            );
+        }
+        return Err(format!("unknown opcode {:#04x}", header.opcode));
+    }
+    let pin = usize::try_from(header.size)
+        .ok()
+        .zip(usize::try_from(header.addr).ok())
+        .ok_or_else(|| "address or size beyond this machine's address space".to_owned())
+        .and_then(|(size, addr)| {
+            registry
+                .pin_remote(addr, size)
+                .map_err(|e| e.to_string())
+                .map(|pin| (pin, addr, size))
+        });
+    let io = |e: io::Error| format!("{e} during a {} byte transfer", header.size);
+    match (op, pin) {
+        (OP_READ, Ok((pin, addr, size))) => {
+            let status = Status::Ok.encode();
+            let prefix: &[u8] = if header.is_v2() { &status } else { &[] };
+            pin.write_prefixed_to(prefix, addr, size, conn)
+                .map_err(io)?;
+        }
+        (_, Ok((pin, addr, size))) => {
+            pin.read_exact_from(addr, size, conn).map_err(io)?;
+            if header.is_v2() {
+                conn.write_all(&Status::Ok.encode()).map_err(io)?;
+            }
+        }
+        (_, Err(reason)) if !header.is_v2() => {
+            return Err(format!(
+                "v1 request rejected ({reason}); v1 cannot signal it"
+            ));
+        }
+        (OP_READ, Err(reason)) => {
+            tracing::debug!(
+                "rejecting read at {:#x}+{}: {reason}",
+                header.addr,
+                header.size
+            );
+            conn.write_all(&Status::AddressRejected.encode())
+                .map_err(io)?;
+        }
+        (_, Err(reason)) => {
+            if header.size > MAX_DRAIN {
+                return Err(format!(
+                    "rejected write of {} bytes is too large to drain ({reason})",
+                    header.size
+                ));
+            }
+            tracing::debug!(
+                "rejecting write at {:#x}+{}: {reason}",
+                header.addr,
+                header.size
+            );
+            let drained = io::copy(&mut conn.take(header.size), &mut io::sink()).map_err(io)?;
+            if drained != header.size {
+                return Err("peer closed during a rejected write".into());
+            }
+            conn.write_all(&Status::AddressRejected.encode())
+                .map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
+/// A served connection under one request's deadline: reads and writes that wake at the
+/// socket's tick go on until the deadline, then fail with `TimedOut`.
+struct Deadlined<'a> {
+    stream: &'a mut TcpStream,
+    deadline: Instant,
+}
+
+impl Deadlined<'_> {
+    /// Runs `op` until it does not merely wake at a tick, or the deadline passes.
+    fn retry<T>(&mut self, mut op: impl FnMut(&mut TcpStream) -> io::Result<T>) -> io::Result<T> {
+        loop {
+            match op(self.stream) {
+                Err(e) if is_tick(&e) && Instant::now() < self.deadline => {}
+                Err(e) if is_tick(&e) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the request did not move by its deadline",
+                    ));
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.retry(|s| s.read(buf))
+    }
+}
+
+impl Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.retry(|s| s.write(buf))
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl RegionIo for Deadlined<'_> {
+    fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize> {
+        self.retry(|s| s.read_into(dst))
+    }
+
+    fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {
+        self.retry(|s| s.write_from(prefix, src))
+    }
 }

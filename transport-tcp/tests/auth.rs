@@ -16,9 +16,10 @@ use tern_engine::{
 };
 use tern_metadata::MetadataError;
 use tern_metadata::auth::{
-    self, AuthError, CHALLENGE_LEN, Channel, ClientExchange, ClusterSecret, FrameKind,
+    self, AuthError, CHALLENGE_LEN, Channel, Claims, ClientExchange, ClusterSecret, FrameKind,
 };
 use tern_metadata::rpc::{self, RpcError, RpcType};
+use tern_metadata::seal::SealError;
 use tern_testkit::etcd::{self, unique};
 use tern_testkit::logs;
 use tern_testkit::wire::{self, drain};
@@ -209,12 +210,13 @@ fn the_data_port_refuses_peers_without_the_secret_and_touches_no_memory() {
     let mut stream = raw(port);
     let wrong = ClusterSecret::new(b"wrong").unwrap();
     assert!(matches!(
-        auth::client_handshake(&mut stream, &wrong, Channel::TcpData),
+        auth::client_handshake(&mut stream, &wrong, Channel::TcpData, dialed(port)),
         Err(AuthError::BadProof)
     ));
 
     // A genuine exchange, recorded, then a read that works (the harness is sound).
-    let (exchange, hello) = ClientExchange::with_nonce(&key, Channel::TcpData, [3; 32]);
+    let (exchange, hello) =
+        ClientExchange::with_nonce(&key, Channel::TcpData, dialed(port), [3; 32]);
     let mut genuine = raw(port);
     genuine.write_all(&hello).unwrap();
     let mut challenge = [0u8; CHALLENGE_LEN];
@@ -251,18 +253,27 @@ fn the_data_port_refuses_peers_without_the_secret_and_touches_no_memory() {
     cut.shutdown(Shutdown::Write).unwrap();
     assert!(drain(&mut cut).is_empty());
     let mut crossed = raw(port);
-    let (_, rpc_hello) = ClientExchange::start(&key, Channel::Rpc).unwrap();
+    let (_, rpc_hello) = ClientExchange::start(&key, Channel::Rpc, dialed(port)).unwrap();
     crossed.write_all(&rpc_hello).unwrap();
     assert!(drain(&mut crossed).is_empty());
 
     assert!(untouched(&buffer), "a refused peer changed memory");
 }
 
+/// What a raw client that dialed the data port on loopback claims.
+fn dialed(port: u16) -> Claims {
+    Claims {
+        dialed: format!("127.0.0.1:{port}"),
+        ..Claims::default()
+    }
+}
+
 #[test]
 fn over_etcd_unauthenticated_engines_are_refused_on_the_data_port_and_secured_ones_fail_typed() {
     logs::capture();
     let (endpoint, _own) = etcd::shared();
-    // Over etcd the descriptor comes from the store, so the data port itself is what refuses.
+    // Over etcd the descriptor comes from the store, so the data port itself is what refuses
+    // a node without the secret.
     let secured_name = unique("secured");
     let secured = etcd_engine(&endpoint, &secured_name, Some(SECRET));
     let buffer = patterned(&secured);
@@ -271,57 +282,47 @@ fn over_etcd_unauthenticated_engines_are_refused_on_the_data_port_and_secured_on
     let plain_buffer = patterned(&plain);
     let stranger = etcd_engine(&endpoint, &unique("stranger"), Some("another secret"));
 
-    for (who, initiator) in [("plain", &plain), ("another secret", &stranger)] {
-        let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
-        local.write_at(0, &[0x11; 4096]).unwrap();
-        let peer = initiator.open_segment(&secured_name).unwrap();
-        let error = failure(
-            initiator,
-            TransferRequest::write(local.addr(), peer, buffer.addr() as u64, 4096),
-        );
-        assert!(
-            matches!(error, TransferError::Connection { .. }),
-            "{who}: {error:?}"
-        );
-        let error = failure(
-            initiator,
-            TransferRequest::read(local.addr(), peer, buffer.addr() as u64, 4096),
-        );
-        assert!(
-            matches!(error, TransferError::Connection { .. }),
-            "{who}: {error:?}"
-        );
-        assert!(initiator.send_notify(peer, "x", "y").is_err(), "{who}");
-        assert!(initiator.probe(peer).is_err(), "{who}");
-    }
+    let local = plain.allocate(1 << 20, "cpu:0").unwrap();
+    local.write_at(0, &[0x11; 4096]).unwrap();
+    let peer = plain.open_segment(&secured_name).unwrap();
+    let error = failure(
+        &plain,
+        TransferRequest::write(local.addr(), peer, buffer.addr() as u64, 4096),
+    );
+    assert!(
+        matches!(error, TransferError::Connection { .. }),
+        "{error:?}"
+    );
+    let error = failure(
+        &plain,
+        TransferRequest::read(local.addr(), peer, buffer.addr() as u64, 4096),
+    );
+    assert!(
+        matches!(error, TransferError::Connection { .. }),
+        "{error:?}"
+    );
+    assert!(plain.send_notify(peer, "x", "y").is_err());
+    assert!(plain.probe(peer).is_err());
     assert!(untouched(&buffer), "an unauthenticated write landed");
     assert!(secured.get_notifies().is_empty());
 
-    // The secured engine against the plain one: typed errors that say what is wrong.
-    let local = secured.allocate(1 << 20, "cpu:0").unwrap();
-    let peer = secured.open_segment(&plain_name).unwrap();
-    match failure(
-        &secured,
-        TransferRequest::write(local.addr(), peer, plain_buffer.addr() as u64, 4096),
-    ) {
-        TransferError::Connection { message, .. } => {
-            assert!(message.contains("authentication failed"), "{message}");
-            assert!(message.contains("without a cluster secret"), "{message}");
-        }
+    // With secrets, descriptors are sealed: one sealed with another secret, or not sealed at
+    // all, is refused when the segment is opened, before any connection.
+    match stranger.open_segment(&secured_name) {
+        Err(EngineError::Metadata(MetadataError::Seal {
+            source: SealError::BadMac,
+            ..
+        })) => {}
+        other => panic!("{other:?}"),
+    }
+    match secured.open_segment(&plain_name) {
+        Err(EngineError::Metadata(MetadataError::Seal {
+            source: SealError::Unsigned,
+            ..
+        })) => {}
         other => panic!("{other:?}"),
     }
     assert!(untouched(&plain_buffer));
-    match secured.probe(peer) {
-        Err(EngineError::Metadata(MetadataError::Rpc(RpcError::Auth {
-            source:
-                AuthError::PeerClosed {
-                    waiting_for: FrameKind::Challenge,
-                    ..
-                },
-            ..
-        }))) => {}
-        other => panic!("{other:?}"),
-    }
 }
 
 #[test]

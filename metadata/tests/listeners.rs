@@ -1,0 +1,305 @@
+//! Every listener holds up against slow and greedy clients, over real loopback sockets: a
+//! client that trickles a frame one byte at a time is dropped at the frame deadline (not kept
+//! alive by its trickle), one connection beyond the limit is closed at once, and dropping a
+//! server cuts its connections and returns. Also the secured HTTP metadata server: it stores
+//! only sealed values, deletes only with a token, and holds a bounded table.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tern_metadata::auth::ClusterSecret;
+use tern_metadata::http::{HttpMetadataServer, HttpServerConfig, HttpStore};
+use tern_metadata::net::{PortChoice, ServeLimits};
+use tern_metadata::rpc::{self, RpcClientConfig, RpcServer, RpcServerConfig, RpcType};
+use tern_metadata::seal::{self, SealError};
+use tern_metadata::{MetadataError, MetadataStore, SegmentDesc};
+use tern_testkit::logs;
+
+const GOLDEN_TCP: &str = include_str!("golden/mooncake-tcp-segment.json");
+
+/// Tight limits: requests within 1 s of their first byte, 2 connections at once.
+fn limits() -> ServeLimits {
+    ServeLimits {
+        max_connections: 2,
+        frame_deadline: Duration::from_secs(1),
+        idle_timeout: Duration::from_secs(30),
+        write_timeout: Duration::from_secs(5),
+    }
+}
+
+fn rpc_server() -> RpcServer {
+    let handler = |_: RpcType, _: &[u8]| Ok(b"{\"status\":\"success\"}".to_vec());
+    let config = RpcServerConfig {
+        ports: PortChoice::Fixed(0),
+        limits: limits(),
+        ..RpcServerConfig::default()
+    };
+    RpcServer::start("127.0.0.1".parse().unwrap(), config, Arc::new(handler)).unwrap()
+}
+
+fn http_server(secret: Option<&str>, max_entries: usize) -> HttpMetadataServer {
+    let config = HttpServerConfig {
+        limits: limits(),
+        secret: secret.map(|s| ClusterSecret::new(s.as_bytes()).unwrap()),
+        max_entries,
+    };
+    HttpMetadataServer::start_with("127.0.0.1:0".parse().unwrap(), config).unwrap()
+}
+
+/// Whether the server has closed `stream` (a read sees the end within `wait`).
+fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Sends `frame` one byte every 300 ms; returns how many bytes went out before the server
+/// closed the connection (all of them if it never did).
+fn trickle(addr: SocketAddr, frame: &[u8]) -> usize {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    for (sent, byte) in frame.iter().enumerate() {
+        if closed_within(&mut stream, Duration::from_millis(300))
+            || stream.write_all(&[*byte]).is_err()
+        {
+            return sent;
+        }
+    }
+    frame.len()
+}
+
+fn rpc_frame(ty: RpcType, body: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    rpc::write_frame(&mut bytes, ty, body).unwrap();
+    bytes
+}
+
+#[test]
+fn a_trickling_client_is_dropped_at_the_frame_deadline_on_every_listener() {
+    logs::capture();
+    let rpc = rpc_server();
+    // A Probe frame with a padded body: 8 + 1 + 20 bytes, 8.7 s at this pace.
+    let probe = rpc_frame(RpcType::Probe, b"{}                  ");
+    let sent = trickle(rpc.local_addr(), &probe);
+    assert!(
+        sent < probe.len(),
+        "the RPC server took a trickled frame whole"
+    );
+    // The same frame sent at once is served.
+    let config = RpcClientConfig::default();
+    rpc::call(
+        &rpc.local_addr().to_string(),
+        RpcType::Probe,
+        b"{}",
+        &config,
+    )
+    .unwrap();
+
+    let http = http_server(None, 16);
+    let request = b"GET /metadata?key=some-key HTTP/1.1\r\nHost: x\r\n\r\n";
+    let sent = trickle(http.local_addr(), request);
+    assert!(
+        sent < request.len(),
+        "the HTTP server took a trickled request whole"
+    );
+    let mut whole = TcpStream::connect(http.local_addr()).unwrap();
+    whole.write_all(request).unwrap();
+    let mut reply = String::new();
+    whole.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+}
+
+#[test]
+fn one_connection_beyond_the_limit_is_closed_at_once_and_the_slot_comes_back() {
+    logs::capture();
+    let rpc = rpc_server();
+    let http = http_server(None, 16);
+    for addr in [rpc.local_addr(), http.local_addr()] {
+        // Two idle clients hold both slots (the idle timeout is 30 s).
+        let mut held: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut third = TcpStream::connect(addr).unwrap();
+        assert!(
+            closed_within(&mut third, Duration::from_secs(5)),
+            "{addr}: a third connection was kept"
+        );
+        assert!(
+            !logs::mentioning("connections already").is_empty(),
+            "{addr}: the refusal was not logged"
+        );
+        // One leaves: a new client is served.
+        drop(held.pop());
+        std::thread::sleep(Duration::from_millis(300));
+        let mut fourth = TcpStream::connect(addr).unwrap();
+        assert!(
+            !closed_within(&mut fourth, Duration::from_millis(500)),
+            "{addr}: a freed slot was not reused"
+        );
+        drop(held);
+    }
+}
+
+#[test]
+fn dropping_a_server_cuts_its_connections_and_returns() {
+    logs::capture();
+    let rpc = rpc_server();
+    let http = http_server(None, 16);
+    let mut clients = vec![
+        TcpStream::connect(rpc.local_addr()).unwrap(),
+        TcpStream::connect(http.local_addr()).unwrap(),
+    ];
+    // Mid-frame on both.
+    clients[0].write_all(&[9, 0, 0]).unwrap();
+    clients[1].write_all(b"GET /meta").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    drop(rpc);
+    drop(http);
+    for client in &mut clients {
+        assert!(closed_within(client, Duration::from_secs(5)));
+    }
+    // The drop waited for the connection threads rather than leaving them behind.
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+const SECRET: &str = "tern-http-seal-secret";
+
+fn store(server: &HttpMetadataServer, secret: Option<&str>) -> HttpStore {
+    let mut store = HttpStore::new(&format!(
+        "http://127.0.0.1:{}/metadata",
+        server.local_addr().port()
+    ))
+    .unwrap();
+    store.set_secret(secret.map(|s| ClusterSecret::new(s.as_bytes()).unwrap()));
+    store
+}
+
+fn raw(server: &HttpMetadataServer, request: &str) -> String {
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply
+}
+
+fn put(server: &HttpMetadataServer, key: &str, body: &str, extra: &str) -> String {
+    raw(
+        server,
+        &format!(
+            "PUT /metadata?key={} HTTP/1.1\r\n{extra}Content-Length: {}\r\n\r\n{body}",
+            tern_metadata::http::escape(key),
+            body.len()
+        ),
+    )
+}
+
+#[test]
+fn a_secured_http_server_stores_only_sealed_values_and_deletes_only_with_a_token() {
+    logs::capture();
+    let server = http_server(Some(SECRET), 3);
+    let desc = SegmentDesc::from_json(GOLDEN_TCP.as_bytes()).unwrap();
+    // A node with the secret: publishes, reads back, removes.
+    let sealed = store(&server, Some(SECRET));
+    sealed.publish_segment("node-a", &desc).unwrap();
+    assert_eq!(sealed.fetch_segment("node-a").unwrap(), desc);
+
+    // Without the secret, or with another: refused, and nothing changes.
+    for secret in [None, Some("another")] {
+        let error = store(&server, secret)
+            .publish_segment("node-a", &desc)
+            .unwrap_err();
+        assert!(error.to_string().contains("403"), "{secret:?}: {error}");
+    }
+    // A raw write of the sealed value with one buffer address changed.
+    let key = "mooncake/ram/node-a";
+    let value = seal::seal(
+        &ClusterSecret::new(SECRET.as_bytes()).unwrap(),
+        key,
+        &desc.to_json(),
+    )
+    .unwrap();
+    let addr = desc.buffers[0].addr;
+    let altered = value.replace(
+        &format!("\"addr\":{addr}"),
+        &format!("\"addr\":{}", addr + 64),
+    );
+    assert_ne!(altered, value);
+    let reply = put(&server, key, &altered, "");
+    assert!(reply.starts_with("HTTP/1.1 403"), "{reply}");
+    // The value sealed for node-a, moved to node-b's key.
+    let reply = put(&server, "mooncake/ram/node-b", &value, "");
+    assert!(reply.starts_with("HTTP/1.1 403"), "{reply}");
+    assert_eq!(sealed.fetch_segment("node-a").unwrap(), desc);
+
+    // Deletes: none without a token, none with a forged one; the node's own works.
+    let escaped = tern_metadata::http::escape(key);
+    for extra in ["", "X-Tern-Auth: 1800000000.00ff\r\n"] {
+        let reply = raw(
+            &server,
+            &format!("DELETE /metadata?key={escaped} HTTP/1.1\r\n{extra}\r\n"),
+        );
+        assert!(reply.starts_with("HTTP/1.1 403"), "{extra:?}: {reply}");
+    }
+    assert!(sealed.fetch_segment("node-a").is_ok());
+    sealed.remove_segment("node-a").unwrap();
+    assert!(matches!(
+        sealed.fetch_segment("node-a"),
+        Err(MetadataError::SegmentNotFound(_))
+    ));
+
+    // The table is bounded: a fourth key is refused, an existing one may change.
+    for name in ["a", "b", "c"] {
+        sealed.publish_segment(name, &desc).unwrap();
+    }
+    let error = sealed.publish_segment("d", &desc).unwrap_err();
+    assert!(error.to_string().contains("507"), "{error}");
+    sealed.publish_segment("a", &desc).unwrap();
+}
+
+#[test]
+fn a_node_with_the_secret_refuses_altered_values_even_from_a_plain_server() {
+    logs::capture();
+    let server = http_server(None, 16);
+    let desc = SegmentDesc::from_json(GOLDEN_TCP.as_bytes()).unwrap();
+    let sealed = store(&server, Some(SECRET));
+    sealed.publish_segment("node-a", &desc).unwrap();
+    let key = "mooncake/ram/node-a";
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .write_all(
+            format!(
+                "GET /metadata?key={} HTTP/1.1\r\n\r\n",
+                tern_metadata::http::escape(key)
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let stored = reply.split("\r\n\r\n").nth(1).unwrap().to_owned();
+    let addr = desc.buffers[0].addr;
+    let altered = stored.replace(
+        &format!("\"addr\":{addr}"),
+        &format!("\"addr\":{}", addr + 64),
+    );
+    assert!(put(&server, key, &altered, "").starts_with("HTTP/1.1 200"));
+    match sealed.fetch_segment("node-a") {
+        Err(MetadataError::Seal {
+            source: SealError::BadMac,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    // A plain node still reads it (it has no secret to check with), as Mooncake would.
+    assert!(store(&server, None).fetch_segment("node-a").is_ok());
+}
