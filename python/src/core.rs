@@ -218,6 +218,28 @@ impl Core {
     }
 }
 
+/// How long an unregister waits for pins that transfers which just completed still hold.
+const SETTLE: Duration = Duration::from_millis(100);
+
+/// Unregisters regions, all or none, waiting up to [`SETTLE`] while the only obstacle is a
+/// region in use: a task is reported complete a moment before its slices drop their pins, so
+/// an unregister right after a transfer returned would otherwise fail spuriously. A transfer
+/// truly in flight still fails it, [`SETTLE`] later.
+pub(crate) fn unregister_settled(
+    engine: &TransferEngine,
+    addrs: &[usize],
+) -> Result<(), EngineError> {
+    let started = std::time::Instant::now();
+    loop {
+        match engine.unregister_memory_batch(addrs) {
+            Err(EngineError::RegionInUse { .. }) if started.elapsed() < SETTLE => {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// The first task of `batch` that ended without success, if one has.
 pub(crate) fn first_failure(batch: &Batch) -> Option<Failure> {
     (0..batch.capacity())

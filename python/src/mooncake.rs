@@ -18,7 +18,7 @@ use pyo3::types::PyBytes;
 use tern_engine::{Batch, BatchState, Opcode, SegmentId, TransferRequest, TransferStatus};
 
 use crate::config::{self, process_env};
-use crate::core::{Core, EngineOptions, Failure, first_failure};
+use crate::core::{Core, EngineOptions, Failure, first_failure, unregister_settled};
 use crate::errors::log_failure;
 use crate::raw::LocalMemory;
 
@@ -500,7 +500,7 @@ impl MooncakeEngine {
             return -1;
         };
         let addrs: Vec<usize> = buffer_addresses.iter().map(|&a| a as usize).collect();
-        match py.detach(|| state.core.engine.unregister_memory_batch(&addrs)) {
+        match py.detach(|| unregister_settled(&state.core.engine, &addrs)) {
             Ok(()) => 0,
             Err(e) => {
                 log_failure(py, &format!("unregister_memory: {e}"));

@@ -23,6 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use pyo3::prelude::*;
 use tern_engine::{EngineError, OwnedBuffer, RegisterRaw, TransferEngine};
 
+use crate::core::unregister_settled;
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -83,7 +85,7 @@ impl HeldRegions {
         addr: usize,
     ) -> Result<Option<Py<PyAny>>, EngineError> {
         let mut held = lock(&self.held);
-        engine.unregister_memory(addr)?;
+        unregister_settled(engine, &[addr])?;
         Ok(held.remove(&addr))
     }
 
@@ -96,7 +98,7 @@ impl HeldRegions {
         let mut released = Vec::new();
         let mut leaked = 0;
         for addr in addrs {
-            match engine.unregister_memory(addr) {
+            match unregister_settled(engine, &[addr]) {
                 Ok(()) => released.extend(held.remove(&addr)),
                 Err(EngineError::AddressNotRegistered { .. }) => {
                     released.extend(held.remove(&addr))
