@@ -82,11 +82,6 @@ pub(crate) fn rpc_ports(lookup: Lookup<'_>) -> Result<PortChoice, String> {
     Ok(PortChoice::Range(lo, hi))
 }
 
-/// The default RPC port range, for when [`rpc_ports`] refuses the environment.
-pub(crate) fn default_rpc_ports() -> PortChoice {
-    PortChoice::Range(DEFAULT_RPC_PORTS.0, DEFAULT_RPC_PORTS.1)
-}
-
 /// `MC_TRANSFER_TIMEOUT` as Mooncake's Python layer reads it: seconds, at least 5, default 30.
 pub(crate) fn mooncake_transfer_timeout(lookup: Lookup<'_>) -> Duration {
     let secs = value(lookup, TRANSFER_TIMEOUT_ENV)
@@ -137,18 +132,29 @@ pub(crate) fn mooncake_transport(
 }
 
 /// A device list as Mooncake's `device_name` gives it: comma (or space) separated, empty
-/// meaning every device.
+/// meaning every device. A build without RDMA has no devices to name.
 pub(crate) fn parse_devices(list: &str) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    for name in list
-        .split(|c: char| c == ',' || c.is_whitespace())
-        .filter(|n| !n.is_empty())
+    #[cfg(feature = "rdma")]
+    return tern_transport_rdma::topology::parse_device_list(list);
+    #[cfg(not(feature = "rdma"))]
     {
-        if !names.iter().any(|seen| seen == name) {
-            names.push(name.to_owned());
-        }
+        let _ = list;
+        Vec::new()
     }
-    names
+}
+
+/// [`rpc_ports`], or the default range and the reason the environment was refused.
+pub(crate) fn rpc_ports_or_default(lookup: Lookup<'_>) -> (PortChoice, Option<String>) {
+    match rpc_ports(lookup) {
+        Ok(ports) => (ports, None),
+        Err(reason) => (
+            PortChoice::Range(DEFAULT_RPC_PORTS.0, DEFAULT_RPC_PORTS.1),
+            Some(format!(
+                "{reason}; using {}-{}",
+                DEFAULT_RPC_PORTS.0, DEFAULT_RPC_PORTS.1
+            )),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -227,6 +233,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "rdma")]
     fn protocols_follow_mooncakes_auto_discovery() {
         let none = env(&[]);
         assert_eq!(

@@ -1,14 +1,14 @@
 //! Tern's Python face: the extension module `tern._tern` of the `tern` wheel.
 //!
-//! Two faces over one engine: `tern.mooncake.TransferEngine` ([`mooncake`]), Mooncake's
+//! Two faces over one engine: `tern.mooncake.TransferEngine` (module `mooncake`), Mooncake's
 //! `mooncake.engine.TransferEngine` method for method (positional arguments, integer codes,
-//! Mooncake's naming and port rules), and the Pythonic `tern.TransferEngine` ([`pythonic`]:
+//! Mooncake's naming and port rules), and the Pythonic `tern.TransferEngine` (module `pythonic`:
 //! keyword arguments, typed exceptions, buffer registration, batches, asyncio), whose
 //! duck typing and asyncio glue live in the Python package beside this module.
 //!
 //! It must not own transfer logic: it converts arguments, releases the GIL around every
 //! engine call that registers, moves or waits, and maps engine errors to codes or exceptions.
-//! `unsafe` lives in [`raw`] only (raw-pointer registration and copies); everything else is
+//! `unsafe` lives in module `raw` only (raw-pointer registration and copies); everything else is
 //! safe code. It must not take the GIL on a transport thread: completions reach asyncio
 //! through a socket the event loop watches.
 #![deny(unsafe_code)]

@@ -60,6 +60,18 @@ fn opcode(value: i64) -> Option<Opcode> {
     }
 }
 
+/// One request, for the single-transfer methods.
+type Requests = Result<Vec<(Opcode, usize, u64, usize)>, String>;
+
+fn one(opcode: Opcode, buffer: u64, peer_buffer_address: u64, length: u64) -> Requests {
+    Ok(vec![(
+        opcode,
+        buffer as usize,
+        peer_buffer_address,
+        length as usize,
+    )])
+}
+
 /// Lists of addresses and lengths as requests, or why not.
 fn zip_requests(
     opcode: Opcode,
@@ -98,7 +110,7 @@ impl MooncakeEngine {
         py: Python<'_>,
         method: &str,
         target: Option<String>,
-        requests: Result<Vec<(Opcode, usize, u64, usize)>, String>,
+        requests: Requests,
         notify: Option<(String, String)>,
     ) -> i32 {
         let Some(state) = self.ready(py, method) else {
@@ -144,7 +156,7 @@ impl MooncakeEngine {
         py: Python<'_>,
         method: &str,
         target: Option<String>,
-        requests: Result<Vec<(Opcode, usize, u64, usize)>, String>,
+        requests: Requests,
     ) -> u64 {
         let Some(state) = self.ready(py, method) else {
             return 0;
@@ -279,13 +291,10 @@ impl MooncakeEngine {
                 return -1;
             }
         };
-        let rpc_ports = match config::rpc_ports(&process_env) {
-            Ok(ports) => ports,
-            Err(reason) => {
-                log_failure(py, &format!("initialize: {reason}; using 15000-17000"));
-                config::default_rpc_ports()
-            }
-        };
+        let (rpc_ports, refused) = config::rpc_ports_or_default(&process_env);
+        if let Some(reason) = refused {
+            log_failure(py, &format!("initialize: {reason}"));
+        }
         let options = EngineOptions {
             local_server_name: Some(local_hostname),
             metadata,
@@ -521,12 +530,7 @@ impl MooncakeEngine {
         transport_hint: Option<&str>,
     ) -> i32 {
         let _ = transport_hint;
-        let requests = Ok(vec![(
-            Opcode::Write,
-            buffer as usize,
-            peer_buffer_address,
-            length as usize,
-        )]);
+        let requests = one(Opcode::Write, buffer, peer_buffer_address, length);
         self.transfer(py, "transfer_sync_write", target_hostname, requests, None)
     }
 
@@ -542,12 +546,7 @@ impl MooncakeEngine {
         transport_hint: Option<&str>,
     ) -> i32 {
         let _ = transport_hint;
-        let requests = Ok(vec![(
-            Opcode::Read,
-            buffer as usize,
-            peer_buffer_address,
-            length as usize,
-        )]);
+        let requests = one(Opcode::Read, buffer, peer_buffer_address, length);
         self.transfer(py, "transfer_sync_read", target_hostname, requests, None)
     }
 
@@ -716,12 +715,7 @@ impl MooncakeEngine {
         transport_hint: Option<&str>,
     ) -> u64 {
         let _ = transport_hint;
-        let requests = Ok(vec![(
-            Opcode::Write,
-            buffer as usize,
-            peer_buffer_address,
-            length as usize,
-        )]);
+        let requests = one(Opcode::Write, buffer, peer_buffer_address, length);
         self.submit_async(py, "transfer_submit_write", target_hostname, requests)
     }
 

@@ -90,13 +90,10 @@ impl Engine {
         }
         let transfer_timeout =
             seconds(transfer_timeout, "transfer_timeout").map_err(|e| invalid(py, e))?;
-        let rpc_ports = match config::rpc_ports(&process_env) {
-            Ok(ports) => ports,
-            Err(reason) => {
-                log_failure(py, &format!("{reason}; using 15000-17000"));
-                config::default_rpc_ports()
-            }
-        };
+        let (rpc_ports, refused) = config::rpc_ports_or_default(&process_env);
+        if let Some(reason) = refused {
+            log_failure(py, &reason);
+        }
         let options = EngineOptions {
             local_server_name,
             metadata,

@@ -36,6 +36,17 @@ def sha(array: np.ndarray) -> str:
     return hashlib.sha256(array.tobytes()).hexdigest()
 
 
+def stop_process(proc: subprocess.Popen, stop) -> None:
+    """Asks a process to stop with ``stop(proc)``, and kills it if it has not in 20 s."""
+    if proc.poll() is None:
+        stop(proc)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Peer:
     """A ``peer.py`` process; its stdin closing ends it."""
 
@@ -67,13 +78,7 @@ class Peer:
         return json.loads(line)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, lambda proc: proc.stdin.close())
 
     def kill(self) -> None:
         self.proc.kill()
@@ -125,14 +130,11 @@ class BenchTarget:
         self.segment = line.split(": ", 1)[1].strip()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        def resume_and_terminate(proc: subprocess.Popen) -> None:
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+
+        stop_process(self.proc, resume_and_terminate)
 
 
 @pytest.fixture
