@@ -29,6 +29,15 @@ struct Open {
     core: Core,
 }
 
+impl Drop for Open {
+    /// An engine that was never closed (dropped by the garbage collector) still unregisters
+    /// its held regions before it lets their objects go.
+    fn drop(&mut self) {
+        let (released, _leaked) = self.held.close(&self.core.engine);
+        drop(released);
+    }
+}
+
 /// A running engine, or a closed one.
 #[pyclass(name = "Engine", module = "tern._tern", frozen)]
 pub(crate) struct Engine {

@@ -124,3 +124,16 @@ def test_closing_unregisters_and_releases(peer):
     with tern.TransferEngine(local_server_name="127.0.0.1", protocols="tcp") as other:
         with pytest.raises(tern.ConnectionFailed):
             other.segment(name)
+
+
+def test_an_engine_left_to_the_garbage_collector_releases_what_it_held():
+    import gc
+
+    data = bytearray(8192)
+    engine = tern.TransferEngine(local_server_name="127.0.0.1", protocols="tcp")
+    engine.register(data)
+    with pytest.raises(BufferError):
+        data.extend(b"x")
+    del engine
+    gc.collect()
+    data.extend(b"x")  # unregistered and released on the way out
