@@ -6,6 +6,19 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+/// Called once when a batch has no unfinished task left; see [`Batch::on_complete`].
+type CompletionHook = Box<dyn FnOnce() + Send>;
+
+/// The hooks a batch holds, shown by count.
+#[derive(Default)]
+struct Hooks(Vec<CompletionHook>);
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} completion hook(s)", self.0.len())
+    }
+}
 use std::time::{Duration, Instant};
 
 use crate::error::{EngineError, TransferError};
@@ -45,6 +58,10 @@ pub(crate) struct BatchInner {
     /// How long `wait` polls before it sleeps: a transfer that ends within it is seen at
     /// once, without a condvar round trip.
     spin: Duration,
+    /// Hooks waiting for the batch to go idle; `has_hooks` lets finishers skip the lock
+    /// when there are none (the common case).
+    hooks: Mutex<Hooks>,
+    has_hooks: AtomicBool,
 }
 
 impl BatchInner {
@@ -66,6 +83,8 @@ impl BatchInner {
             deadline_ns: AtomicU64::new(0),
             origin: Instant::now(),
             spin,
+            hooks: Mutex::new(Hooks::default()),
+            has_hooks: AtomicBool::new(false),
         }
     }
 
@@ -120,13 +139,49 @@ impl BatchInner {
                 Err(now) => current = now,
             }
         }
-        if self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1
-            || self.waiters.load(Ordering::SeqCst) > 0
-        {
+        let idle = self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1;
+        if idle || self.waiters.load(Ordering::SeqCst) > 0 {
             let _guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.wake.notify_all();
         }
+        if idle && self.has_hooks.load(Ordering::SeqCst) {
+            self.run_hooks();
+        }
         true
+    }
+
+    /// Runs `hook` once no task is unfinished: now, if none is, else from the thread that
+    /// finishes the last one.
+    pub(crate) fn on_complete(&self, hook: CompletionHook) {
+        let mut hooks = self.hooks.lock().unwrap_or_else(|p| p.into_inner());
+        // The flag goes up before the count is read, and a finisher reads the flag after its
+        // decrement (all SeqCst): either this read sees the last decrement, or that finisher
+        // sees the flag and takes the hooks lock, after this hook is in the list.
+        self.has_hooks.store(true, Ordering::SeqCst);
+        if self.unfinished.load(Ordering::SeqCst) == 0 {
+            if hooks.0.is_empty() {
+                self.has_hooks.store(false, Ordering::SeqCst);
+            }
+            drop(hooks);
+            hook();
+            return;
+        }
+        hooks.0.push(hook);
+    }
+
+    fn run_hooks(&self) {
+        let ready = {
+            let mut hooks = self.hooks.lock().unwrap_or_else(|p| p.into_inner());
+            if self.unfinished.load(Ordering::SeqCst) != 0 {
+                // A submit reserved more tasks since: the hooks wait for those too.
+                return;
+            }
+            self.has_hooks.store(false, Ordering::SeqCst);
+            std::mem::take(&mut hooks.0)
+        };
+        for hook in ready {
+            hook();
+        }
     }
 
     pub(crate) fn fail_task(&self, task: usize, error: TransferError) {
@@ -337,6 +392,16 @@ impl Batch {
     pub fn set_deadline(&self, at: Option<Instant>) {
         self.inner.set_deadline(at);
     }
+
+    /// Calls `hook` once, when no submitted task is unfinished: at once if none is, else on
+    /// the thread that finishes the last one (a transport's worker, or a thread whose status
+    /// read or wait times the batch out at its deadline). For completion notices to an event
+    /// loop: the hook must be quick and must not block (write a byte to a pipe, say). A
+    /// deadline only fires when someone reads the status or waits, so a caller that relies
+    /// on the hook alone reads the status once the deadline has passed.
+    pub fn on_complete(&self, hook: impl FnOnce() + Send + 'static) {
+        self.inner.on_complete(Box::new(hook));
+    }
 }
 
 /// The engine's side of one slice: reports its outcome to its task exactly once. Dropping it
@@ -500,6 +565,50 @@ mod tests {
             batch.task_status(0).unwrap().status,
             TransferStatus::Timeout
         );
+    }
+
+    #[test]
+    fn completion_hooks_run_once_when_the_last_task_finishes() {
+        use std::sync::atomic::AtomicUsize;
+        let batch = Arc::new(BatchInner::new(2));
+        batch.reserve(2).unwrap();
+        batch.start_task(0, 1);
+        batch.start_task(1, 1);
+        batch.publish(2);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = calls.clone();
+        batch.on_complete(Box::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }));
+        let first = SliceCompletion::new(batch.clone(), 0);
+        let last = SliceCompletion::new(batch.clone(), 1);
+        first.succeed(1);
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        std::thread::spawn(move || last.fail(TransferError::ZeroLength))
+            .join()
+            .unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // Registered on an idle batch: runs at once, on the caller's thread.
+        let counter = calls.clone();
+        batch.on_complete(Box::new(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }));
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn completion_hooks_run_when_the_deadline_times_tasks_out() {
+        let batch = Arc::new(BatchInner::new(1));
+        batch.reserve(1).unwrap();
+        batch.start_task(0, 1);
+        batch.publish(1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        batch.on_complete(Box::new(move || tx.send(()).unwrap()));
+        batch.set_deadline(Some(Instant::now() + Duration::from_millis(10)));
+        assert!(rx.try_recv().is_err());
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(batch.status().state, BatchState::Failed);
+        rx.recv_timeout(Duration::from_secs(5)).unwrap();
     }
 
     #[test]

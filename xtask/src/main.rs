@@ -5,7 +5,8 @@
 //! - `cargo xtask test` installs what the tests need, then runs formatting, lints, docs and
 //!   every test of the workspace;
 //! - `cargo xtask bench` runs the loopback benchmark against a TCP baseline it measures in
-//!   the same run, prints the ratios, then runs the criterion benches.
+//!   the same run, prints the ratios, then runs the criterion benches;
+//! - `cargo xtask wheel [--tcp-only]` builds the `tern` Python wheel.
 //!
 //! It must not hold product logic: it only drives cargo, apt and the benchmark binary.
 #![forbid(unsafe_code)]
@@ -14,6 +15,7 @@ mod fuzz;
 mod memcheck;
 mod soak;
 mod softroce;
+mod wheel;
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
@@ -141,9 +143,10 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz::command(&args[1..]),
         Some("soak") => soak::command(&args[1..]),
         Some("memcheck") => memcheck::command(&args[1..]),
+        Some("wheel") => wheel::command(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick] [--rdma-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked\n  soak --minutes N [--processes K] [--rdma] [--release]  random verified transfers, K processes; fails on errors or growth\n  memcheck  the TCP transfer tests under valgrind memcheck\n  fuzz [--seconds N] [--target NAME] [--stable]  every fuzz target for N s (default 60); fails on a crash"
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick] [--rdma-only] [--python-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked\n  soak --minutes N [--processes K] [--rdma] [--release]  random verified transfers, K processes; fails on errors or growth\n  memcheck  the TCP transfer tests under valgrind memcheck\n  wheel [--tcp-only]  build the tern Python wheel into target/wheels/ (maturin in a venv under target/)\n  fuzz [--seconds N] [--target NAME] [--stable]  every fuzz target for N s (default 60); fails on a crash"
             );
             return ExitCode::from(2);
         }
@@ -257,6 +260,8 @@ fn test(extra: &[String]) -> Result<(), String> {
         .args(extra)
         .env("TERN_TEST_ETCD", &etcd.endpoint);
     let outcome = run(tests, "cargo test --workspace");
+    // Both tern wheels, each in a fresh venv, against the same etcd.
+    let outcome = outcome.and_then(|()| wheel::test_suites(&etcd.endpoint));
     drop(etcd);
     outcome?;
     fuzz::smoke()?; // every fuzz target for a few seconds
@@ -571,7 +576,7 @@ const GUEST_SUITES: [&[&str]; 2] = [
 
 /// A guest script that runs every test binary with its ignored tests, one test at a time,
 /// and fails if any failed.
-fn tests_script(executables: &[String]) -> Result<String, String> {
+fn tests_script(executables: &[String], extra: &str) -> Result<String, String> {
     if executables.is_empty() {
         return Err("no test binaries matched".into());
     }
@@ -581,6 +586,7 @@ fn tests_script(executables: &[String]) -> Result<String, String> {
             "echo \"== {exe}\"; '{exe}' --test-threads=1 --include-ignored || status=1\n"
         ));
     }
+    script.push_str(extra);
     script.push_str("exit $status\n");
     Ok(script)
 }
@@ -595,7 +601,7 @@ fn softroce_command(args: &[String]) -> Result<(), String> {
             .unwrap_or(900),
     );
     let command = match args.first().map(String::as_str) {
-        Some("--test") => tests_script(&test_executables(&args[1..])?)?,
+        Some("--test") => tests_script(&test_executables(&args[1..])?, "")?,
         Some("--two-nodes") => {
             let (a, b) = match (args.get(1), args.get(2)) {
                 (Some(a), Some(b)) => (a.clone(), b.clone()),
@@ -621,7 +627,8 @@ fn softroce_command(args: &[String]) -> Result<(), String> {
                 let args: Vec<String> = suite.iter().map(|a| a.to_string()).collect();
                 executables.extend(test_executables(&args)?);
             }
-            tests_script(&executables)?
+            // And the Python wheel's two-process RDMA test, when `cargo xtask test` built it.
+            tests_script(&executables, &wheel::guest_suite())?
         }
     };
     let (status, _) = softroce::run(
@@ -663,6 +670,10 @@ fn bench(args: &[String]) -> Result<(), String> {
     let exe = root().join("target/release/tern-bench");
     if args.iter().any(|a| a == "--rdma-only") {
         rdma_in_guest(&exe, duration);
+        return Ok(());
+    }
+    if args.iter().any(|a| a == "--python-only") {
+        wheel::bench(&exe, duration);
         return Ok(());
     }
 
@@ -747,6 +758,7 @@ fn bench(args: &[String]) -> Result<(), String> {
     let _ = std::fs::write(&report, lines.join("\n") + "\n");
     println!("\nraw results: {}", report.display());
 
+    wheel::bench(&exe, duration);
     rdma_in_guest(&exe, duration);
 
     let mut pretouch = cargo();

@@ -1,0 +1,105 @@
+"""The Python rows of ``cargo xtask bench``: the drop-in (``tern.mooncake``) against a
+``tern-bench --mode=target`` process on loopback, with tern-bench's parameters, one thread.
+
+``--case latency``: ``transfer_sync_read`` of 4 KiB, batch 1, timed per call;
+``--case throughput``: ``batch_transfer_sync_write`` of 128 x 64 KiB;
+``--case idle``: the process's CPU while its engine idles, then while a thread is blocked in
+``batch_transfer_sync_write`` to a stopped target until the deadline.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+
+from tern.mooncake import TransferEngine
+
+BUFFER = 256 << 20
+
+
+def cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", choices=["latency", "throughput", "idle"], required=True)
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--tern-bench", required=True)
+    args = parser.parse_args()
+    if args.case == "idle":
+        os.environ["MC_TRANSFER_TIMEOUT"] = "5"
+    target = subprocess.Popen(
+        [args.tern_bench, "--mode=target", "--local_server_name=127.0.0.1", f"--buffer_size={BUFFER}"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        segment = target.stdout.readline().split(": ", 1)[1].strip()
+        engine = TransferEngine()
+        assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        local = np.zeros(BUFFER, dtype=np.uint8)
+        base = local.ctypes.data
+        assert engine.register_memory(base, BUFFER) == 0
+        remote = engine.get_first_buffer_address(segment)
+        result: dict = {"case": args.case}
+        if args.case == "latency":
+            block, blocks = 4096, BUFFER // 4096
+            latencies = []
+            i = 0
+            stop = time.perf_counter() + args.duration
+            while time.perf_counter() < stop:
+                offset = (i % blocks) * block
+                began = time.perf_counter_ns()
+                code = engine.transfer_sync_read(segment, base + offset, remote + offset, block)
+                latencies.append((time.perf_counter_ns() - began) / 1000)
+                assert code == 0
+                i += 1
+            latencies.sort()
+            result.update(calls=len(latencies), p50_latency_us=latencies[len(latencies) // 2], p99_latency_us=latencies[int(len(latencies) * 0.99)])
+        elif args.case == "throughput":
+            block, batch = 65536, 128
+            blocks = BUFFER // block
+            moved, round_ = 0, 0
+            started = time.perf_counter()
+            stop = started + args.duration
+            while time.perf_counter() < stop:
+                first = (round_ * batch) % blocks
+                offsets = [((first + j) % blocks) * block for j in range(batch)]
+                code = engine.batch_transfer_sync_write(segment, [base + o for o in offsets], [remote + o for o in offsets], [block] * batch)
+                assert code == 0
+                moved += block * batch
+                round_ += 1
+            seconds = time.perf_counter() - started
+            result.update(bytes=moved, seconds=seconds, gbps=moved / seconds / 1e9)
+        else:
+            idle = min(args.duration, 5.0)
+            cpu, wall = cpu_seconds(), time.monotonic()
+            time.sleep(idle)
+            result.update(idle_seconds=time.monotonic() - wall, idle_cpu_pct=(cpu_seconds() - cpu) / (time.monotonic() - wall) * 100)
+            target.send_signal(signal.SIGSTOP)
+            offsets = [j * 65536 for j in range(128)]
+            cpu, wall = cpu_seconds(), time.monotonic()
+            code = engine.batch_transfer_sync_write(segment, [base + o for o in offsets], [remote + o for o in offsets], [65536] * 128)
+            blocked = time.monotonic() - wall
+            target.send_signal(signal.SIGCONT)
+            result.update(blocked_code=code, blocked_seconds=blocked, blocked_cpu_pct=(cpu_seconds() - cpu) / blocked * 100)
+        print(json.dumps(result))
+    finally:
+        target.send_signal(signal.SIGCONT)
+        target.terminate()
+        target.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+//! The one module of `tern-python` with `unsafe`: registering memory Tern does not own, and
+//! copying bytes to and from registered memory by address.
+//!
+//! Two kinds of memory come from Python:
+//!
+//! - **Held** ([`HeldRegions`], the Pythonic API): an object's memory found through the buffer
+//!   protocol, `__array_interface__` or `data_ptr()`/`nbytes`, with a keep-alive object (a
+//!   `ctypes` array made with `from_buffer`, which holds a buffer export; or the array or
+//!   tensor itself). The keep-alive stays here until the engine has unregistered the region,
+//!   so Python cannot free or resize the memory while Tern may touch it.
+//! - **Promised** ([`LocalMemory::register_promised`], the Mooncake drop-in): an integer
+//!   address and length. As with Mooncake, the caller promises that the memory stays valid
+//!   until it unregisters it; Rust cannot check that promise, and the documentation of
+//!   `tern.mooncake` says so.
+//!
+//! Engine-owned buffers (`allocate_managed_buffer`) need no `unsafe`: they are
+//! [`OwnedBuffer`]s, copied through their safe methods.
+#![allow(unsafe_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pyo3::prelude::*;
+use tern_engine::{EngineError, OwnedBuffer, RegisterRaw, TransferEngine};
+
+use crate::core::unregister_settled;
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Regions registered from Python objects, each with the object that keeps its memory.
+#[derive(Debug, Default)]
+pub(crate) struct HeldRegions {
+    held: Mutex<HashMap<usize, Py<PyAny>>>,
+}
+
+impl HeldRegions {
+    /// Registers `[addr, addr + len)`, whose memory `keepalive` keeps valid and in place for
+    /// as long as it lives, and holds `keepalive` until the region is unregistered. On
+    /// failure the keep-alive is handed back (to be dropped with the GIL).
+    pub(crate) fn register(
+        &self,
+        engine: &TransferEngine,
+        addr: usize,
+        len: usize,
+        location: &str,
+        remote_accessible: bool,
+        keepalive: Py<PyAny>,
+    ) -> Result<(), (EngineError, Py<PyAny>)> {
+        if addr == 0 {
+            return Err((
+                EngineError::InvalidArgument("null address".into()),
+                keepalive,
+            ));
+        }
+        // Held across the registration, so that no unregister of this address can slip in
+        // between the engine's registration and the keep-alive's arrival here.
+        let mut held = lock(&self.held);
+        // SAFETY: `Region::from_raw` needs the range valid for reads and writes until the
+        // region is unregistered. The range is the memory of a writable, C-contiguous export
+        // (`bf_getbuffer`, held by the ctypes array made with `from_buffer`), or of a numpy
+        // array or CPU tensor whose data pointer the object's own documentation guarantees
+        // for the object's lifetime; CPython's buffer protocol forbids the exporter to free
+        // or move the memory while an export is held. `keepalive` holds that export or
+        // object, and it leaves `held` only in `unregister` after the engine's unregister
+        // returned `Ok` (no pin left, none can be taken), or never (`close`). Peers writing
+        // the bytes concurrently is what registration means; nothing here forms Rust
+        // references to them.
+        let registered =
+            unsafe { engine.register_memory(addr as *mut u8, len, location, remote_accessible) };
+        match registered {
+            Ok(()) => {
+                held.insert(addr, keepalive);
+                Ok(())
+            }
+            Err(e) => Err((e, keepalive)),
+        }
+    }
+
+    /// Unregisters the region at `addr` and returns its keep-alive, now safe to drop.
+    pub(crate) fn unregister(
+        &self,
+        engine: &TransferEngine,
+        addr: usize,
+    ) -> Result<Option<Py<PyAny>>, EngineError> {
+        let mut held = lock(&self.held);
+        unregister_settled(engine, &[addr])?;
+        Ok(held.remove(&addr))
+    }
+
+    /// Before the engine goes: unregisters every held region and returns the keep-alives
+    /// that may go. A region still in use by a transfer that was cancelled keeps its
+    /// keep-alive for the rest of the process: leaking it is the only sound choice.
+    pub(crate) fn close(&self, engine: &TransferEngine) -> (Vec<Py<PyAny>>, usize) {
+        let mut held = lock(&self.held);
+        let addrs: Vec<usize> = held.keys().copied().collect();
+        let mut released = Vec::new();
+        let mut leaked = 0;
+        for addr in addrs {
+            match unregister_settled(engine, &[addr]) {
+                Ok(()) => released.extend(held.remove(&addr)),
+                Err(EngineError::AddressNotRegistered { .. }) => {
+                    released.extend(held.remove(&addr))
+                }
+                Err(_) => {
+                    if let Some(keepalive) = held.remove(&addr) {
+                        std::mem::forget(keepalive);
+                        leaked += 1;
+                    }
+                }
+            }
+        }
+        (released, leaked)
+    }
+}
+
+/// The drop-in's local memory: engine-owned managed buffers, and registration and copies of
+/// memory the caller promises.
+#[derive(Debug, Default)]
+pub(crate) struct LocalMemory {
+    /// Managed buffers by start address. Freed only under this lock, which copies into
+    /// promised memory also hold: so a region found registered and not managed is promised
+    /// memory, never an owned buffer being freed.
+    managed: Mutex<BTreeMap<usize, Arc<OwnedBuffer>>>,
+}
+
+impl LocalMemory {
+    /// Registers ranges the caller promises stay valid for reads and writes until they are
+    /// unregistered (Mooncake's `register_memory` contract).
+    pub(crate) fn register_promised(
+        &self,
+        engine: &TransferEngine,
+        ranges: &[(usize, usize)],
+        location: &str,
+    ) -> Result<(), EngineError> {
+        if let Some(&(addr, _)) = ranges.iter().find(|(addr, _)| *addr == 0) {
+            return Err(EngineError::InvalidArgument(format!(
+                "null address {addr:#x}"
+            )));
+        }
+        let ranges: Vec<(*mut u8, usize)> = ranges
+            .iter()
+            .map(|&(addr, len)| (addr as *mut u8, len))
+            .collect();
+        // SAFETY: `Region::from_raw`'s contract (valid for reads and writes by any thread
+        // until unregistered) is exactly what the Python caller promises by passing an
+        // address to `register_memory`, as with Mooncake, whose callers (SGLang, vLLM)
+        // register tensors they keep for the engine's lifetime. This is the one place where
+        // Tern trusts a caller it cannot check; the drop-in's documentation says so.
+        unsafe { engine.register_memory_batch(&ranges, location, true) }
+    }
+
+    /// Allocates a managed buffer; returns its address.
+    pub(crate) fn allocate(
+        &self,
+        engine: &TransferEngine,
+        len: usize,
+    ) -> Result<usize, EngineError> {
+        let buffer = engine.allocate(len, "*")?;
+        let addr = buffer.addr();
+        lock(&self.managed).insert(addr, Arc::new(buffer));
+        Ok(addr)
+    }
+
+    /// Frees a managed buffer (transfers still using it keep it until they end).
+    pub(crate) fn free(&self, addr: usize, len: usize) -> Result<(), EngineError> {
+        let mut managed = lock(&self.managed);
+        let Some(buffer) = managed.get(&addr) else {
+            return Err(EngineError::InvalidArgument(format!(
+                "{addr:#x} is not a managed buffer"
+            )));
+        };
+        if buffer.len() != len {
+            return Err(EngineError::InvalidArgument(format!(
+                "the managed buffer at {addr:#x} has {} bytes, not {len}",
+                buffer.len()
+            )));
+        }
+        drop(managed.remove(&addr));
+        Ok(())
+    }
+
+    fn managed_containing(
+        managed: &BTreeMap<usize, Arc<OwnedBuffer>>,
+        addr: usize,
+        len: usize,
+    ) -> Option<Arc<OwnedBuffer>> {
+        let (_, buffer) = managed.range(..=addr).next_back()?;
+        let end = addr.checked_add(len)?;
+        (end <= buffer.addr() + buffer.len()).then(|| buffer.clone())
+    }
+
+    /// Checks that `[addr, addr + len)` lies inside one registered region of `engine`.
+    fn registered(engine: &TransferEngine, addr: usize, len: usize) -> Result<(), EngineError> {
+        let end = addr
+            .checked_add(len)
+            .ok_or_else(|| EngineError::InvalidArgument(format!("{addr:#x} + {len} overflows")))?;
+        let inside = engine
+            .registered_regions()
+            .iter()
+            .any(|r| addr >= r.addr && end <= r.addr + r.len);
+        if inside && addr != 0 {
+            Ok(())
+        } else {
+            Err(EngineError::AddressNotRegistered { addr })
+        }
+    }
+
+    /// Copies `data` to `addr`, which must lie (with `data.len()` bytes) inside a managed
+    /// buffer or a registered region.
+    pub(crate) fn write(
+        &self,
+        engine: &TransferEngine,
+        addr: usize,
+        data: &[u8],
+    ) -> Result<(), EngineError> {
+        let managed = lock(&self.managed);
+        if let Some(buffer) = Self::managed_containing(&managed, addr, data.len()) {
+            drop(managed);
+            return buffer.write_at(addr - buffer.addr(), data);
+        }
+        Self::registered(engine, addr, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the range lies inside a region registered in `engine` that is not a
+        // managed buffer (checked above, under the lock that managed buffers are freed
+        // under), so it is promised memory: valid for writes until the caller unregisters
+        // it (`register_promised`). `data` is a Rust borrow of a Python bytes object and
+        // cannot overlap memory registered for writing.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) };
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes at `addr` into `out`; the range must lie inside a managed
+    /// buffer or a registered region.
+    pub(crate) fn read(
+        &self,
+        engine: &TransferEngine,
+        addr: usize,
+        out: &mut [u8],
+    ) -> Result<(), EngineError> {
+        let managed = lock(&self.managed);
+        if let Some(buffer) = Self::managed_containing(&managed, addr, out.len()) {
+            drop(managed);
+            return buffer.read_at(addr - buffer.addr(), out);
+        }
+        Self::registered(engine, addr, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as in `write`: promised memory, valid for reads while registered; `out` is
+        // an exclusive Rust buffer of our own, so the two cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+}

@@ -1,0 +1,297 @@
+//! `cargo xtask wheel [--tcp-only]`: the `tern` wheel, built by maturin from a venv of its own
+//! under `target/python/`; the Python test suites (each wheel installed into a fresh venv with
+//! pytest and numpy); the Python rows of `cargo xtask bench`. Nothing is installed outside
+//! `target/`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{cargo, root, run};
+
+const MATURIN: &str = "maturin==1.16.0";
+const TEST_PACKAGES: [&str; 2] = ["pytest==9.2.0", "numpy==2.4.6"];
+
+/// Which wheel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// TCP and RDMA (links libibverbs).
+    Default,
+    /// TCP only: no RDMA libraries.
+    TcpOnly,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Default => "default",
+            Self::TcpOnly => "tcp-only",
+        }
+    }
+
+    /// Where the wheel lands: `target/wheels/` (the README's path) or `target/wheels-tcp-only/`.
+    pub fn out_dir(self) -> PathBuf {
+        match self {
+            Self::Default => root().join("target/wheels"),
+            Self::TcpOnly => root().join("target/wheels-tcp-only"),
+        }
+    }
+
+    fn venv(self) -> PathBuf {
+        root().join(format!("target/python/venv-{}", self.name()))
+    }
+}
+
+fn python_dir() -> PathBuf {
+    root().join("target/python")
+}
+
+/// A venv at `dir` with `packages` (created if missing).
+fn venv(dir: &Path, packages: &[&str]) -> Result<PathBuf, String> {
+    let python = dir.join("bin/python");
+    if !python.exists() {
+        let mut make = Command::new("python3");
+        make.args(["-m", "venv"]).arg(dir);
+        run(make, &format!("python3 -m venv {}", dir.display())).map_err(|e| {
+            format!("{e} (Debian: apt-get install python3-venv; any CPython >= 3.10 works)")
+        })?;
+    }
+    if !packages.is_empty() {
+        let mut pip = Command::new(&python);
+        pip.args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+            .args(packages);
+        run(pip, &format!("pip install {}", packages.join(" ")))?;
+    }
+    Ok(python)
+}
+
+/// Builds one wheel; returns its path.
+pub fn build(variant: Variant) -> Result<PathBuf, String> {
+    let tools = venv(&python_dir().join("maturin"), &[MATURIN])?;
+    let out = variant.out_dir();
+    if let Ok(entries) = std::fs::read_dir(&out) {
+        for entry in entries.flatten() {
+            if entry.path().extension().is_some_and(|e| e == "whl") {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    let mut maturin = Command::new(tools.with_file_name("maturin"));
+    maturin
+        .current_dir(root())
+        .args(["build", "--release", "--manifest-path", "python/Cargo.toml"])
+        // The wheel links the system's libibverbs, which no manylinux policy allows: it is a
+        // wheel for this kind of machine, not for PyPI.
+        .args([
+            "--compatibility",
+            "linux",
+            "--auditwheel",
+            "skip",
+            "--strip",
+        ])
+        .arg("--out")
+        .arg(&out);
+    if variant == Variant::TcpOnly {
+        maturin.arg("--no-default-features");
+    }
+    // maturin runs cargo; CARGO from `cargo xtask` keeps it on the same toolchain.
+    run(
+        maturin,
+        &format!("maturin build ({} wheel)", variant.name()),
+    )?;
+    std::fs::read_dir(&out)
+        .map_err(|e| format!("{}: {e}", out.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .ok_or_else(|| format!("maturin left no wheel in {}", out.display()))
+}
+
+/// `cargo xtask wheel [--tcp-only]`.
+pub fn command(args: &[String]) -> Result<(), String> {
+    let variant = if args.iter().any(|a| a == "--tcp-only") {
+        Variant::TcpOnly
+    } else {
+        Variant::Default
+    };
+    let wheel = build(variant)?;
+    println!("{}", wheel.display());
+    eprintln!(
+        "xtask: install it with: pip install {}",
+        wheel.strip_prefix(root()).unwrap_or(&wheel).display()
+    );
+    Ok(())
+}
+
+/// A venv with `wheel`, pytest and numpy, made afresh; returns its python.
+fn test_venv(variant: Variant, wheel: &Path) -> Result<PathBuf, String> {
+    let dir = variant.venv();
+    let _ = std::fs::remove_dir_all(&dir);
+    let python = venv(&dir, &TEST_PACKAGES)?;
+    let mut install = Command::new(&python);
+    install
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+        ])
+        .arg(wheel);
+    run(install, &format!("pip install {}", wheel.display()))?;
+    Ok(python)
+}
+
+/// The binaries the suites start, built in the dev profile; returns their directory.
+fn test_binaries() -> Result<PathBuf, String> {
+    let mut build = cargo();
+    build.args(["build", "-p", "tern-bench", "--bins"]);
+    run(build, "cargo build -p tern-bench --bins")?;
+    Ok(root().join("target/debug"))
+}
+
+/// Builds both wheels, installs each in a fresh venv and runs the Python suite against it
+/// (the RDMA test runs later, in the Soft-RoCE guest). `etcd` is the tests' etcd.
+pub fn test_suites(etcd: &str) -> Result<(), String> {
+    let bin = test_binaries()?;
+    for variant in [Variant::Default, Variant::TcpOnly] {
+        let wheel = build(variant)?;
+        let python = test_venv(variant, &wheel)?;
+        let mut pytest = Command::new(&python);
+        pytest
+            .current_dir(root())
+            .args([
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "python/tests",
+            ])
+            .env("TERN_BENCH_BIN", bin.join("tern-bench"))
+            .env("TERN_METADATA_SERVER_BIN", bin.join("tern-metadata-server"))
+            .env("TERN_TEST_ETCD", etcd)
+            .env("TERN_WHEEL_VARIANT", variant.name());
+        run(
+            pytest,
+            &format!("pytest python/tests ({} wheel)", variant.name()),
+        )?;
+    }
+    Ok(())
+}
+
+/// The guest script's line for the two-process RDMA test on rxe0, run with the default
+/// wheel's venv when `test_suites` made it (empty when it did not).
+pub fn guest_suite() -> String {
+    let python = Variant::Default.venv().join("bin/python");
+    if !python.exists() {
+        return String::new();
+    }
+    format!(
+        "echo '== python: two processes over RDMA (rxe0)'; TERN_WHEEL_VARIANT=default '{}' -m pytest -q -p no:cacheprovider '{}' || status=1\n",
+        python.display(),
+        root().join("python/tests/test_rdma.py").display()
+    )
+}
+
+/// The Python rows of `cargo xtask bench`, beside `tern-bench` with the same parameters in
+/// the same run. Reported, never fatal.
+pub fn bench(exe: &Path, duration: f64) {
+    if let Err(e) = bench_rows(exe, duration) {
+        eprintln!("xtask: the Python benchmark failed: {e}");
+    }
+}
+
+fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
+    let wheel = build(Variant::Default)?;
+    let python = test_venv(Variant::Default, &wheel)?;
+    let rust = |op: &str, block: usize, batch: usize| -> Result<String, String> {
+        let output = Command::new(exe)
+            .args([
+                "--mode=loopback",
+                &format!("--operation={op}"),
+                "--protocol=tcp",
+                &format!("--block_size={block}"),
+                &format!("--batch_size={batch}"),
+                "--threads=1",
+                &format!("--duration={duration}"),
+                "--buffer_size=268435456",
+                "--json",
+            ])
+            .output()
+            .map_err(|e| format!("tern-bench: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "tern-bench {op} {block}x{batch}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    };
+    let python_row = |case: &str| -> Result<String, String> {
+        let output = Command::new(&python)
+            .arg(root().join("python/bench/bench.py"))
+            .args(["--case", case, "--duration", &duration.to_string()])
+            .arg("--tern-bench")
+            .arg(exe)
+            .output()
+            .map_err(|e| format!("bench.py: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "bench.py {case}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        Ok(stdout.lines().last().unwrap_or_default().to_owned())
+    };
+    let number = crate::json_number;
+    // Interleaved, so that a slow moment of the machine hits both sides alike.
+    let rust_latency = rust("read", 4096, 1)?;
+    let python_latency = python_row("latency")?;
+    let rust_throughput = rust("write", 65536, 128)?;
+    let python_throughput = python_row("throughput")?;
+    let python_idle = python_row("idle")?;
+
+    let rust_p50 = number(&rust_latency, "p50_latency_us").ok_or("no tern-bench p50")?;
+    let python_p50 = number(&python_latency, "p50_latency_us").ok_or("no Python p50")?;
+    let rust_gbps = number(&rust_throughput, "gbps").ok_or("no tern-bench GB/s")?;
+    let python_gbps = number(&python_throughput, "gbps").ok_or("no Python GB/s")?;
+    let overhead = python_p50 - rust_p50;
+    let ratio = python_gbps / rust_gbps;
+    println!(
+        "\nPython (tern.mooncake) beside tern-bench, same run, TCP on loopback, one thread, {duration} s each:\n"
+    );
+    println!("| case | tern-bench | Python | Python - Rust | goal |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| 4 KiB read, batch 1, p50 (`transfer_sync_read`) | {rust_p50:.1} us | {python_p50:.1} us | {overhead:+.1} us | <= 2 us {} |",
+        if overhead <= 2.0 { "met" } else { "MISSED" }
+    );
+    println!(
+        "| 128 x 64 KiB write (`batch_transfer_sync_write`) | {rust_gbps:.2} GB/s | {python_gbps:.2} GB/s | ratio {ratio:.2} | >= 0.95 {} |",
+        if ratio >= 0.95 { "met" } else { "MISSED" }
+    );
+    println!(
+        "\nCPU of the Python process: idle engine {:.2}% of a core over {:.0} s; a thread blocked in batch_transfer_sync_write to a stopped peer {:.2}% over {:.1} s (goal ~0)",
+        number(&python_idle, "idle_cpu_pct").unwrap_or(f64::NAN),
+        number(&python_idle, "idle_seconds").unwrap_or(f64::NAN),
+        number(&python_idle, "blocked_cpu_pct").unwrap_or(f64::NAN),
+        number(&python_idle, "blocked_seconds").unwrap_or(f64::NAN),
+    );
+    let report = root().join("target/tern-bench-python.jsonl");
+    let _ = std::fs::write(
+        &report,
+        [
+            rust_latency,
+            python_latency,
+            rust_throughput,
+            python_throughput,
+            python_idle,
+        ]
+        .join("\n")
+            + "\n",
+    );
+    println!("raw results: {}", report.display());
+    Ok(())
+}
