@@ -154,6 +154,7 @@ fn run(args: &Args) -> Result<(), String> {
     if args.block_size > args.buffer_size {
         return Err("--block_size is larger than --buffer_size".into());
     }
+    enough_memory(args, available_memory())?;
     match args.mode {
         Mode::Target => run_target(args),
         Mode::Initiator => {
@@ -166,6 +167,46 @@ fn run(args: &Args) -> Result<(), String> {
         Mode::Loopback => run_loopback(args),
         Mode::WatchLatency => run_watch_latency(args),
     }
+}
+
+/// The bytes the kernel says it can give without swapping (`MemAvailable`), if it says.
+fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Refuses to start when the buffers this run pre-touches (both sides' in loopback) do not
+/// fit in `available` memory, naming the flag to lower, rather than be killed by the kernel
+/// half way.
+fn enough_memory(args: &Args, available: Option<u64>) -> Result<(), String> {
+    let Some(available) = available else {
+        return Ok(());
+    };
+    let (buffers, who) = match args.mode {
+        Mode::Loopback => (2, "the target's and the initiator's buffers"),
+        Mode::Target | Mode::Initiator => (1, "its buffer"),
+        Mode::WatchLatency => return Ok(()),
+    };
+    let needed = buffers * args.buffer_size as u64;
+    // Room for everything else the processes hold.
+    let margin = 64 << 20;
+    if needed + margin > available {
+        let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
+        let fits = (available.saturating_sub(margin) / buffers) >> 20 << 20;
+        return Err(format!(
+            "--mode {} needs {:.2} GiB for {who} (--buffer_size {} each), but only {:.2} GiB \
+             of memory is available; lower --buffer_size (at most {fits} here)",
+            args.mode
+                .to_possible_value()
+                .map_or_else(String::new, |v| v.get_name().to_owned()),
+            gib(needed),
+            args.buffer_size,
+            gib(available),
+        ));
+    }
+    Ok(())
 }
 
 fn engine(args: &Args, default_name: Option<&str>) -> Result<TransferEngine, String> {
@@ -768,4 +809,34 @@ fn report(args: &Args, outcome: &Outcome) -> Result<(), String> {
     });
     println!("{json}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &[&str]) -> Args {
+        Args::parse_from(std::iter::once("tern-bench").chain(line.iter().copied()))
+    }
+
+    #[test]
+    fn short_memory_is_a_clear_error_naming_the_flag() {
+        let loopback = args(&["--mode=loopback"]);
+        // The default 1 GiB buffers, twice, on a machine with 1.5 GiB to give.
+        let error = enough_memory(&loopback, Some(3 << 29)).unwrap_err();
+        assert!(error.contains("lower --buffer_size"), "{error}");
+        assert!(error.contains("2.00 GiB"), "{error}");
+        // What it suggests fits.
+        let fits: usize = error
+            .rsplit("at most ")
+            .next()
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        let smaller = args(&["--mode=loopback", &format!("--buffer_size={fits}")]);
+        enough_memory(&smaller, Some(3 << 29)).unwrap();
+        // One buffer for a target; unknown memory is not refused.
+        enough_memory(&args(&["--mode=target"]), Some(3 << 29)).unwrap();
+        enough_memory(&loopback, None).unwrap();
+    }
 }

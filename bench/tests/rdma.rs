@@ -48,6 +48,25 @@ fn rdma_loopback_moves_verified_bytes() {
     }
 }
 
+/// The guest has 2 GiB: the default 1 GiB buffers, one per side, do not fit, and loopback
+/// says which flag to lower instead of being killed by the kernel.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-bench --test rdma"]
+fn loopback_with_buffers_larger_than_memory_names_the_flag_to_lower() {
+    let output = Command::new(BENCH)
+        .args([
+            "--mode=loopback",
+            "--protocol=rdma",
+            &format!("--device_name={}", device()),
+            "--duration=1",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("lower --buffer_size"), "{stderr}");
+}
+
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-bench --test rdma"]
 fn rdma_target_and_initiator_as_two_processes() {

@@ -17,6 +17,7 @@
 //! it is one of the two crates allowed `unsafe`; every block names the invariant it relies on.
 
 mod buffer;
+mod counting;
 mod map;
 #[cfg(feature = "verbs")]
 pub mod nic;
@@ -24,6 +25,7 @@ mod numa;
 mod region;
 
 pub use buffer::{AlignedBuffer, HUGE_PAGE_SIZE, PAGE_SIZE, PretouchPolicy};
+pub use counting::CountingAllocator;
 pub use map::{MapError, RegionMap};
 pub use numa::{numa_node_of, resolve_location};
 pub use region::{

@@ -218,13 +218,14 @@ impl Core {
     }
 }
 
-/// How long an unregister waits for pins that transfers which just completed still hold.
+/// How long an unregister waits for pins that slices of a just-ended transfer still hold.
 const SETTLE: Duration = Duration::from_millis(100);
 
 /// Unregisters regions, all or none, waiting up to [`SETTLE`] while the only obstacle is a
-/// region in use: a task is reported complete a moment before its slices drop their pins, so
-/// an unregister right after a transfer returned would otherwise fail spuriously. A transfer
-/// truly in flight still fails it, [`SETTLE`] later.
+/// region in use: a task that failed or timed out ends at its first failed slice, while its
+/// other slices may still be finishing (and hold their pins until they do), so an unregister
+/// right after such a transfer returned would fail spuriously. A transfer truly in flight
+/// still fails it, [`SETTLE`] later.
 pub(crate) fn unregister_settled(
     engine: &TransferEngine,
     addrs: &[usize],

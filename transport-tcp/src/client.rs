@@ -539,6 +539,8 @@ impl PoolShared {
             }),
         };
         let stream = dial(&dialing, self.config.io_timeout).map_err(|e| e.to_string())?;
+        crate::size_buffers((&stream).into(), self.config.socket_buffer_bytes)
+            .map_err(|e| e.to_string())?;
         // Lanes wait in poll(2), bounded by the I/O timeout, and never block in a call.
         stream.set_nonblocking(true).map_err(|e| e.to_string())?;
         Ok(stream)

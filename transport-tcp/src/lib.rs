@@ -32,6 +32,15 @@ use tern_engine::{
 use tern_metadata::auth::ClusterSecret;
 
 pub use server::serve_request;
+
+/// Gives `socket` send and receive buffers of `bytes` each, when asked to.
+fn size_buffers(socket: socket2::SockRef<'_>, bytes: Option<usize>) -> std::io::Result<()> {
+    if let Some(bytes) = bytes {
+        socket.set_send_buffer_size(bytes)?;
+        socket.set_recv_buffer_size(bytes)?;
+    }
+    Ok(())
+}
 pub use wire::{HEADER_LEN, Header, OP_READ, OP_V2, OP_WRITE, STATUS_MAGIC, Status};
 
 /// The protocol name published in descriptors.
@@ -71,6 +80,9 @@ pub struct TcpConfig {
     pub max_inbound: usize,
     /// Highest protocol version spoken (2, or 1 for legacy peers).
     pub proto_version: u8,
+    /// Send and receive buffer size of every data socket, both ways (`None`: the kernel's
+    /// autotuning). Small buffers are for tests that want the kernel to push back early.
+    pub socket_buffer_bytes: Option<usize>,
 }
 
 impl Default for TcpConfig {
@@ -93,6 +105,7 @@ impl Default for TcpConfig {
             idle_timeout: Duration::from_secs(300),
             max_inbound: 256,
             proto_version,
+            socket_buffer_bytes: None,
         }
     }
 }

@@ -39,6 +39,8 @@ impl Server {
         segment: String,
     ) -> io::Result<Self> {
         let listener = bind_listener(ip, config.ports)?;
+        // Accepted sockets inherit the listener's buffer sizes.
+        crate::size_buffers((&listener).into(), config.socket_buffer_bytes)?;
         let local = listener.local_addr()?;
         let name = format!("tern-tcp-{}", local.port());
         let identity = Identity {

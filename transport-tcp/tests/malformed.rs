@@ -236,6 +236,39 @@ fn data_port_closes_silent_connections_after_the_idle_timeout() {
     s.still_serves(19);
 }
 
+/// A peer that sends a header one byte every 300 ms is cut off at the frame deadline (here
+/// the 1 s I/O timeout), long before its header is whole; not kept alive by the trickle.
+#[test]
+fn data_port_drops_a_trickled_header_at_the_frame_deadline() {
+    let target = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(TcpTransport::new(TcpConfig {
+            io_timeout: Duration::from_secs(1),
+            ..TcpConfig::default()
+        }))
+        .build()
+        .unwrap();
+    let remote = target.allocate(1 << 20, "cpu:0").unwrap();
+    let port = target.local_descriptor().tcp_data_port;
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let bytes = header(16, remote.addr() as u64, OP_READ | OP_V2);
+    let mut sent = 0;
+    for byte in bytes {
+        let closed = match conn.read(&mut [0u8; 64]) {
+            Ok(0) => true,
+            Ok(_) => panic!("the server answered half a header"),
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        if closed || conn.write_all(&[byte]).is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    assert!(sent < bytes.len(), "a trickled header was taken whole");
+}
+
 fn rpc_raw(port: u16, bytes: &[u8]) -> Vec<u8> {
     let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(15)))

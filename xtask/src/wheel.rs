@@ -106,8 +106,13 @@ pub fn build(variant: Variant) -> Result<PathBuf, String> {
         .ok_or_else(|| format!("maturin left no wheel in {}", out.display()))
 }
 
-/// `cargo xtask wheel [--tcp-only]`.
+/// `cargo xtask wheel [--tcp-only]`, or `cargo xtask wheel --test`: both wheels and their
+/// Python suites, against an etcd of its own.
 pub fn command(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--test") {
+        let etcd = crate::start_etcd(None)?;
+        return test_suites(&etcd.endpoint);
+    }
     let variant = if args.iter().any(|a| a == "--tcp-only") {
         Variant::TcpOnly
     } else {
