@@ -2,7 +2,7 @@
 //!
 //! A task's state lives in atomics so that status reads take no lock; a finished task never
 //! changes again (the first final state wins a compare-and-swap). Waiters sleep on a condvar
-//! that finishers signal only when someone waits.
+//! that the last task to finish signals; each slice costs one atomic add on its task.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -22,7 +22,6 @@ impl std::fmt::Debug for Hooks {
 use std::time::{Duration, Instant};
 
 use crate::error::{EngineError, TransferError};
-use crate::stats::TransportCounters;
 use crate::types::{BatchState, BatchStatus, TaskStatus, TransferStatus};
 
 const WAITING: u8 = 0;
@@ -32,13 +31,25 @@ const FAILED: u8 = 3;
 const TIMEOUT: u8 = 4;
 const CANCELED: u8 = 5;
 
+/// Bytes a task may move: a request longer than this is refused at submit.
+pub(crate) const MAX_TASK_BYTES: u64 = (1 << PROGRESS_SHIFT) - 1;
+/// A task's progress word holds its slices done above this bit and its bytes below.
+const PROGRESS_SHIFT: u32 = 40;
+
 #[derive(Debug, Default)]
 struct TaskState {
     state: AtomicU8,
     slices_total: AtomicU32,
-    slices_done: AtomicU32,
-    bytes: AtomicU64,
+    /// Slices done (high bits) and bytes moved (low [`PROGRESS_SHIFT`] bits): one atomic add
+    /// per slice counts both.
+    progress: AtomicU64,
     error: OnceLock<TransferError>,
+}
+
+impl TaskState {
+    fn bytes(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed) & MAX_TASK_BYTES
+    }
 }
 
 #[derive(Debug)]
@@ -48,7 +59,6 @@ pub(crate) struct BatchInner {
     reserve: Mutex<usize>,
     submitted: AtomicUsize,
     unfinished: AtomicUsize,
-    waiters: AtomicUsize,
     wake_lock: Mutex<()>,
     wake: Condvar,
     freed: AtomicBool,
@@ -76,7 +86,6 @@ impl BatchInner {
             reserve: Mutex::new(0),
             submitted: AtomicUsize::new(0),
             unfinished: AtomicUsize::new(0),
-            waiters: AtomicUsize::new(0),
             wake_lock: Mutex::new(()),
             wake: Condvar::new(),
             freed: AtomicBool::new(false),
@@ -140,7 +149,10 @@ impl BatchInner {
             }
         }
         let idle = self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1;
-        if idle || self.waiters.load(Ordering::SeqCst) > 0 {
+        // Waiters wait for the whole batch (and wake at its deadline on their own): only the
+        // last task wakes them, under the lock they check the count under, so no wake-up is
+        // lost.
+        if idle {
             let _guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.wake.notify_all();
         }
@@ -189,19 +201,28 @@ impl BatchInner {
         self.finish(task, FAILED);
     }
 
-    pub(crate) fn slice_done(&self, task: usize, bytes: u64) {
+    /// Counts one slice of `task` done with `bytes` moved; true when it was the last, and
+    /// the caller then [`complete_task`](Self::complete_task)s it (after letting go of what
+    /// the task held).
+    pub(crate) fn slice_progress(&self, task: usize, bytes: u64) -> bool {
         let t = &self.tasks[task];
-        t.bytes.fetch_add(bytes, Ordering::Relaxed);
-        let done = t.slices_done.fetch_add(1, Ordering::AcqRel) + 1;
-        if done == t.slices_total.load(Ordering::Acquire) {
-            self.finish(task, COMPLETED);
-        }
+        let before = t
+            .progress
+            .fetch_add((1 << PROGRESS_SHIFT) | bytes, Ordering::AcqRel);
+        let done = (before >> PROGRESS_SHIFT) + 1;
+        done == u64::from(t.slices_total.load(Ordering::Acquire))
     }
 
-    /// Whether a slice of `task` should still run: the task is pending and the deadline
-    /// has not passed.
+    /// Moves `task` to Completed (if nothing ended it before).
+    pub(crate) fn complete_task(&self, task: usize) {
+        self.finish(task, COMPLETED);
+    }
+
+    /// Whether a slice of `task` should still run: the task is pending. (A task past its
+    /// deadline is timed out by the next status read or wait — a waiter wakes at the
+    /// deadline — so no clock is read per slice.)
     pub(crate) fn task_live(&self, task: usize) -> bool {
-        self.tasks[task].state.load(Ordering::Acquire) == PENDING && !self.past_deadline()
+        self.tasks[task].state.load(Ordering::Acquire) == PENDING
     }
 
     fn past_deadline(&self) -> bool {
@@ -266,7 +287,7 @@ impl BatchInner {
         };
         Some(TaskStatus {
             status,
-            transferred_bytes: t.bytes.load(Ordering::Relaxed),
+            transferred_bytes: t.bytes(),
         })
     }
 
@@ -275,7 +296,7 @@ impl BatchInner {
         let submitted = self.submitted.load(Ordering::Acquire);
         let (mut completed, mut failed, mut pending, mut bytes) = (0, 0, 0, 0);
         for t in &self.tasks[..submitted] {
-            bytes += t.bytes.load(Ordering::Relaxed);
+            bytes += t.bytes();
             match t.state.load(Ordering::Acquire) {
                 WAITING | PENDING => pending += 1,
                 COMPLETED => completed += 1,
@@ -320,9 +341,7 @@ impl BatchInner {
                 break;
             }
             let guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
-            self.waiters.fetch_add(1, Ordering::SeqCst);
             if self.unfinished.load(Ordering::SeqCst) == 0 {
-                self.waiters.fetch_sub(1, Ordering::SeqCst);
                 break;
             }
             let wake_at = self.deadline().map_or(until, |d| d.min(until));
@@ -334,7 +353,6 @@ impl BatchInner {
                 .wait_timeout(guard, nap)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
-            self.waiters.fetch_sub(1, Ordering::SeqCst);
             drop(guard);
         }
         self.status()
@@ -404,85 +422,53 @@ impl Batch {
     }
 }
 
-/// The engine's side of one slice: reports its outcome to its task exactly once. Dropping it
-/// unreported fails the task, so a transport can never leave a task hanging.
-#[derive(Debug)]
-pub(crate) struct SliceCompletion {
-    batch: Arc<BatchInner>,
-    task: u32,
-    reported: bool,
-    /// The counters of the transport that moves the slice.
-    counters: Option<Arc<TransportCounters>>,
-}
-
-impl SliceCompletion {
-    #[cfg(test)]
-    pub(crate) fn new(batch: Arc<BatchInner>, task: usize) -> Self {
-        Self {
-            batch,
-            task: task as u32,
-            reported: false,
-            counters: None,
-        }
-    }
-
-    pub(crate) fn counted(
-        batch: Arc<BatchInner>,
-        task: usize,
-        counters: Arc<TransportCounters>,
-    ) -> Self {
-        Self {
-            batch,
-            task: task as u32,
-            reported: false,
-            counters: Some(counters),
-        }
-    }
-
-    pub(crate) fn live(&self) -> bool {
-        self.batch.task_live(self.task as usize)
-    }
-
-    pub(crate) fn succeed(mut self, bytes: u64) {
-        self.reported = true;
-        if let Some(counters) = &self.counters {
-            counters.moved(bytes);
-        }
-        self.batch.slice_done(self.task as usize, bytes);
-    }
-
-    /// The slice did not run because its task had already ended: nothing is counted.
-    pub(crate) fn skip(mut self) {
-        self.reported = true;
-        self.batch.slice_done(self.task as usize, 0);
-    }
-
-    pub(crate) fn fail(mut self, error: TransferError) {
-        self.reported = true;
-        if let Some(counters) = &self.counters {
-            counters.failed();
-        }
-        self.batch.fail_task(self.task as usize, error);
-    }
-}
-
-impl Drop for SliceCompletion {
-    fn drop(&mut self) {
-        if !self.reported {
-            if let Some(counters) = &self.counters {
-                counters.failed();
-            }
-            self.batch.fail_task(
-                self.task as usize,
-                TransferError::Dropped("slice released without a result".into()),
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One slice's report, as `Slice` makes it, without a request behind it.
+    struct SliceCompletion {
+        batch: Arc<BatchInner>,
+        task: usize,
+        reported: bool,
+    }
+
+    impl SliceCompletion {
+        fn new(batch: Arc<BatchInner>, task: usize) -> Self {
+            Self {
+                batch,
+                task,
+                reported: false,
+            }
+        }
+
+        fn live(&self) -> bool {
+            self.batch.task_live(self.task)
+        }
+
+        fn succeed(mut self, bytes: u64) {
+            self.reported = true;
+            if self.batch.slice_progress(self.task, bytes) {
+                self.batch.complete_task(self.task);
+            }
+        }
+
+        fn fail(mut self, error: TransferError) {
+            self.reported = true;
+            self.batch.fail_task(self.task, error);
+        }
+    }
+
+    impl Drop for SliceCompletion {
+        fn drop(&mut self) {
+            if !self.reported {
+                self.batch.fail_task(
+                    self.task,
+                    TransferError::Dropped("slice released without a result".into()),
+                );
+            }
+        }
+    }
 
     #[test]
     fn a_task_completes_when_its_last_slice_does() {

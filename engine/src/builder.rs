@@ -15,7 +15,7 @@ use crate::engine::{EngineInner, TransferEngine};
 use crate::error::EngineError;
 use crate::rpc::handle_rpc;
 use crate::segments::{SegmentTable, handle_event};
-use crate::stats::TransportCounters;
+use crate::stats::EngineCounters;
 use crate::transport::{PeerSegment, Transport};
 use crate::types::SegmentId;
 
@@ -230,11 +230,7 @@ impl TransferEngineBuilder {
             advertised_ip,
             rpc_meta,
             registry: Arc::new(MemoryRegistry::new()),
-            counters: self
-                .transports
-                .iter()
-                .map(|_| Arc::new(TransportCounters::default()))
-                .collect(),
+            counters: Arc::new(EngineCounters::new(self.transports.len())),
             transports: self.transports,
             store,
             local: RwLock::new(Arc::new(PeerSegment {

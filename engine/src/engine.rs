@@ -16,7 +16,7 @@ use tern_metadata::{MetadataStore, RpcMeta, SegmentDesc};
 use crate::builder::TransferEngineBuilder;
 use crate::error::EngineError;
 use crate::segments::SegmentTable;
-use crate::stats::{EngineStats, TransportCounters, TransportStats};
+use crate::stats::{EngineCounters, EngineStats, TransportStats};
 use crate::transport::{PeerSegment, Transport, TransportContext};
 use crate::types::Notify;
 
@@ -29,7 +29,7 @@ pub(crate) struct EngineInner {
     pub(crate) registry: Arc<MemoryRegistry>,
     pub(crate) transports: Vec<Arc<dyn Transport>>,
     /// What each transport (same index) moved, counted as its slices complete.
-    pub(crate) counters: Vec<Arc<TransportCounters>>,
+    pub(crate) counters: Arc<EngineCounters>,
     pub(crate) store: Box<dyn MetadataStore>,
     pub(crate) local: RwLock<Arc<PeerSegment>>,
     pub(crate) local_json: RwLock<Arc<String>>,
@@ -98,7 +98,7 @@ impl TransferEngine {
                 .start(context.clone())
                 .map_err(|e| EngineError::Transport {
                     protocol: transport.protocol(),
-                    message: e.0,
+                    source: e,
                 })?;
         }
         let inner = &self.inner;
@@ -131,8 +131,10 @@ impl TransferEngine {
                 .inner
                 .transports
                 .iter()
-                .zip(&self.inner.counters)
-                .map(|(t, c)| TransportStats::new(t.protocol(), c, t.report()))
+                .enumerate()
+                .map(|(i, t)| {
+                    TransportStats::new(t.protocol(), self.inner.counters.totals(i), t.report())
+                })
                 .collect(),
         }
     }

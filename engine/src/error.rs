@@ -65,13 +65,13 @@ pub enum EngineError {
     /// The segment ID is not open in this engine.
     #[error("segment {0} is not open")]
     UnknownSegment(SegmentId),
-    /// A transport could not be started, or failed to register memory.
-    #[error("{protocol} transport: {message}")]
+    /// A transport could not be started, or failed to register or allocate memory.
+    #[error("{protocol} transport: {source}")]
     Transport {
         /// The transport's protocol.
         protocol: &'static str,
         /// What failed.
-        message: String,
+        source: crate::transport::TransportError,
     },
     /// The metadata store or a peer's handshake RPC failed.
     #[error(transparent)]
@@ -177,6 +177,23 @@ pub enum TransferError {
         segment: String,
         /// Its protocols.
         protocols: Vec<String>,
+    },
+    /// The request is longer than one task may be (1 TiB); split it.
+    #[error("a request of {len} bytes is longer than the {max} a task may move")]
+    TooLarge {
+        /// Its length.
+        len: usize,
+        /// The most a task may move.
+        max: u64,
+    },
+    /// Every transport that reaches the peer declined the slice (memory it cannot reach, a
+    /// path it cannot open); `reason` is the last one's.
+    #[error("no transport could carry a slice to {segment}: {reason}")]
+    Declined {
+        /// Segment name.
+        segment: String,
+        /// Why the last transport declined.
+        reason: String,
     },
     /// The peer refused the range (not registered or not remote-accessible there).
     #[error("{peer} rejected [{addr:#x}, +{len})")]

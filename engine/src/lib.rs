@@ -49,11 +49,13 @@ pub use engine::TransferEngine;
 pub use error::{EngineError, TransferError};
 pub use memory::OwnedBuffer;
 pub use stats::{EngineStats, PeerState, PeerStats, TransportReport, TransportStats};
-pub use tern_memreg::{PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw};
+pub use tern_memreg::{
+    AlignedBuffer, Pinned, PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw,
+};
 pub use tern_metadata::net::PortChoice;
 pub use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc, StoreOptions};
 pub use transport::{
-    PeerSegment, Slice, Transport, TransportContext, TransportError, keyless_buffer,
+    PeerSegment, Slice, Submission, Transport, TransportContext, TransportError, keyless_buffer,
 };
 pub use types::{
     BatchState, BatchStatus, Notify, Opcode, SegmentId, TaskStatus, TransferRequest, TransferStatus,

@@ -20,8 +20,7 @@ impl TransferEngine {
                 "allocate of zero bytes".into(),
             ));
         }
-        let mut buffer = AlignedBuffer::new(len)
-            .ok_or_else(|| EngineError::InvalidArgument(format!("cannot allocate {len} bytes")))?;
+        let mut buffer = self.inner.allocate_buffer(len)?;
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = self
             .inner
@@ -74,6 +73,23 @@ impl RegisterRaw for TransferEngine {
 }
 
 impl EngineInner {
+    /// Memory for `allocate`: what the highest-priority transport that wants buffers of its
+    /// own kind gives, else ordinary aligned memory.
+    fn allocate_buffer(&self, len: usize) -> Result<AlignedBuffer, EngineError> {
+        let mut by_priority: Vec<&Arc<dyn Transport>> = self.transports.iter().collect();
+        by_priority.sort_by_key(|t| std::cmp::Reverse(t.priority()));
+        for transport in by_priority {
+            if let Some(offered) = transport.allocate(len) {
+                return offered.map_err(|source| EngineError::Transport {
+                    protocol: transport.protocol(),
+                    source,
+                });
+            }
+        }
+        AlignedBuffer::new(len)
+            .ok_or_else(|| EngineError::InvalidArgument(format!("cannot allocate {len} bytes")))
+    }
+
     /// Registers regions on the registry and every transport, all or none, then publishes.
     pub(crate) fn register(&self, regions: Vec<Region>) -> Result<Vec<Arc<Region>>, EngineError> {
         let _change = lock(&self.change);
@@ -95,7 +111,7 @@ impl EngineInner {
                     self.forget(region.addr());
                     failure = Some(EngineError::Transport {
                         protocol: transport.protocol(),
-                        message: e.0,
+                        source: e,
                     });
                     break 'regions;
                 }
@@ -164,7 +180,15 @@ impl EngineInner {
         let mut by_priority: Vec<&Arc<dyn Transport>> = self.transports.iter().collect();
         by_priority.sort_by_key(|t| t.priority());
         for transport in by_priority {
+            // Only the transport that owns them may change the buffers' keys.
+            let buffers = (!transport.owns_buffer_keys()).then(|| desc.buffers.clone());
             transport.describe(&mut desc, &regions);
+            if let Some(buffers) = buffers {
+                desc.buffers = buffers;
+            }
+            if let Some(extension) = transport.extension(&regions) {
+                desc.tern.insert(transport.protocol().to_owned(), extension);
+            }
         }
         desc.stamp_now();
         let json = desc.to_json();

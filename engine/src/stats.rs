@@ -12,14 +12,43 @@ pub(crate) struct TransportCounters {
     failures: AtomicU64,
 }
 
-impl TransportCounters {
-    pub(crate) fn moved(&self, bytes: u64) {
-        self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.slices.fetch_add(1, Ordering::Relaxed);
+/// The counters of every installed transport (same index).
+#[derive(Debug, Default)]
+pub(crate) struct EngineCounters {
+    transports: Vec<TransportCounters>,
+}
+
+impl EngineCounters {
+    pub(crate) fn new(transports: usize) -> Self {
+        Self {
+            transports: (0..transports)
+                .map(|_| TransportCounters::default())
+                .collect(),
+        }
     }
 
-    pub(crate) fn failed(&self) {
-        self.failures.fetch_add(1, Ordering::Relaxed);
+    pub(crate) fn moved(&self, transport: usize, bytes: u64) {
+        if let Some(c) = self.transports.get(transport) {
+            c.bytes.fetch_add(bytes, Ordering::Relaxed);
+            c.slices.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn failed(&self, transport: usize) {
+        if let Some(c) = self.transports.get(transport) {
+            c.failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `(bytes, slices, failures)` of one transport.
+    pub(crate) fn totals(&self, transport: usize) -> (u64, u64, u64) {
+        self.transports.get(transport).map_or((0, 0, 0), |c| {
+            (
+                c.bytes.load(Ordering::Relaxed),
+                c.slices.load(Ordering::Relaxed),
+                c.failures.load(Ordering::Relaxed),
+            )
+        })
     }
 }
 
@@ -95,17 +124,14 @@ pub struct TransportStats {
 }
 
 impl TransportStats {
-    pub(crate) fn new(
-        protocol: &str,
-        counters: &TransportCounters,
-        report: TransportReport,
-    ) -> Self {
+    pub(crate) fn new(protocol: &str, totals: (u64, u64, u64), report: TransportReport) -> Self {
+        let (bytes, slices, failures) = totals;
         Self {
             protocol: protocol.to_owned(),
-            bytes: counters.bytes.load(Ordering::Relaxed),
-            slices: counters.slices.load(Ordering::Relaxed),
+            bytes,
+            slices,
             retries: report.retries,
-            failures: counters.failures.load(Ordering::Relaxed),
+            failures,
             peers: report.peers,
         }
     }

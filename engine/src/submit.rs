@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use tern_metadata::SegmentDesc;
 
-use crate::batch::{Batch, BatchInner, SliceCompletion};
+use crate::batch::{Batch, BatchInner, MAX_TASK_BYTES};
 use crate::engine::{EngineInner, TransferEngine};
 use crate::error::{EngineError, TransferError};
 use crate::slicing::split;
-use crate::transport::{PeerSegment, Slice};
+use crate::transport::{PeerSegment, Routes, Slice, Submission};
 use crate::types::{SegmentId, TransferRequest, TransferStatus};
 
 impl TransferEngine {
@@ -46,18 +46,31 @@ impl TransferEngine {
         }
         let mut groups: Vec<Vec<Slice>> =
             self.inner.transports.iter().map(|_| Vec::new()).collect();
-        let mut cached: Option<Arc<PeerSegment>> = None;
+        // The peer of the request before, and its routes: a batch usually has one peer.
+        let mut cached: Option<(Arc<PeerSegment>, Routes)> = None;
         let mut refreshed: Vec<SegmentId> = Vec::new();
+        // The submission of the request before: one pin and one shared record for every run
+        // of requests from one region to one peer.
+        let mut group: Option<Arc<Submission>> = None;
         for (i, request) in requests.iter().enumerate() {
             let task = first + i;
-            let peer = match &cached {
-                Some(peer) if peer.id == request.target => Some(peer.clone()),
-                _ => {
-                    cached = self.inner.segment(request.target);
-                    cached.clone()
-                }
-            };
-            let mut prepared = self.prepare(batch_inner, task, request, peer);
+            if cached
+                .as_ref()
+                .is_none_or(|(peer, _)| peer.id != request.target)
+            {
+                cached = self.inner.segment(request.target).map(|peer| {
+                    let routes = self.inner.routes_to(&peer.desc);
+                    (peer, routes)
+                });
+            }
+            let mut prepared = self.prepare(
+                batch_inner,
+                task,
+                request,
+                cached.as_ref(),
+                &mut group,
+                &mut groups,
+            );
             if let Err(TransferError::TargetOutOfRange { .. }) = prepared
                 && request.target != SegmentId::LOCAL
                 && !refreshed.contains(&request.target)
@@ -66,13 +79,23 @@ impl TransferEngine {
                 // once per submit (only on this error path) before failing the task.
                 refreshed.push(request.target);
                 if self.refresh_segment(request.target).is_ok() {
-                    cached = self.inner.segment(request.target);
-                    prepared = self.prepare(batch_inner, task, request, cached.clone());
+                    cached = self.inner.segment(request.target).map(|peer| {
+                        let routes = self.inner.routes_to(&peer.desc);
+                        (peer, routes)
+                    });
+                    group = None;
+                    prepared = self.prepare(
+                        batch_inner,
+                        task,
+                        request,
+                        cached.as_ref(),
+                        &mut group,
+                        &mut groups,
+                    );
                 }
             }
-            match prepared {
-                Ok((transport, slices)) => groups[transport].extend(slices),
-                Err(error) => batch_inner.fail_task(task, error),
+            if let Err(error) = prepared {
+                batch_inner.fail_task(task, error);
             }
         }
         batch_inner.publish(first + requests.len());
@@ -84,24 +107,22 @@ impl TransferEngine {
         Ok(())
     }
 
+    /// Checks one request and cuts it into slices for the best transport to its peer,
+    /// pushed onto that transport's group.
     fn prepare(
         &self,
         batch: &Arc<BatchInner>,
         task: usize,
         request: &TransferRequest,
-        peer: Option<Arc<PeerSegment>>,
-    ) -> Result<(usize, Vec<Slice>), TransferError> {
+        peer: Option<&(Arc<PeerSegment>, Routes)>,
+        group: &mut Option<Arc<Submission>>,
+        groups: &mut [Vec<Slice>],
+    ) -> Result<(), TransferError> {
         let len = request.length;
         if len == 0 {
             return Err(TransferError::ZeroLength);
         }
-        let local = self.inner.registry.pin(request.source, len).map_err(|_| {
-            TransferError::SourceNotRegistered {
-                addr: request.source,
-                len,
-            }
-        })?;
-        let peer = peer.ok_or_else(|| self.inner.missing_segment(request.target))?;
+        let (peer, routes) = peer.ok_or_else(|| self.inner.missing_segment(request.target))?;
         if peer
             .desc
             .buffer_containing(request.target_offset, len as u64)
@@ -113,32 +134,58 @@ impl TransferEngine {
                 len,
             });
         }
-        let transport_index = self.inner.transport_for(&peer.desc).ok_or_else(|| {
-            TransferError::NoCommonTransport {
+        let transport_index = routes
+            .first()
+            .ok_or_else(|| TransferError::NoCommonTransport {
                 segment: peer.name.clone(),
                 protocols: peer.desc.protocol.clone(),
-            }
-        })?;
+            })?;
+        if len as u64 > MAX_TASK_BYTES {
+            return Err(TransferError::TooLarge {
+                len,
+                max: MAX_TASK_BYTES,
+            });
+        }
         let transport = &self.inner.transports[transport_index];
-        let counters = &self.inner.counters[transport_index];
         let pieces = split(
             len,
             transport.max_slice_size(),
             transport.merge_tail_below(),
         );
+        let reuse = group
+            .as_ref()
+            .filter(|g| g.peer_id() == peer.id && g.covers(request.source, len));
+        let shared = match reuse {
+            Some(shared) => shared.clone(),
+            None => {
+                let local = self.inner.registry.pin(request.source, len).map_err(|_| {
+                    TransferError::SourceNotRegistered {
+                        addr: request.source,
+                        len,
+                    }
+                })?;
+                let fresh = Arc::new(Submission::new(
+                    local,
+                    peer.clone(),
+                    batch.clone(),
+                    *routes,
+                    &self.inner,
+                ));
+                group.insert(fresh).clone()
+            }
+        };
         batch.start_task(task, pieces.clone().count() as u32);
-        let slices = pieces
-            .map(|(offset, piece)| Slice {
-                opcode: request.opcode,
-                local: local.clone(),
-                local_addr: request.source + offset,
-                len: piece,
-                peer: peer.clone(),
-                remote_addr: request.target_offset + offset as u64,
-                completion: SliceCompletion::counted(batch.clone(), task, counters.clone()),
-            })
-            .collect();
-        Ok((transport_index, slices))
+        groups[transport_index].extend(pieces.map(|(offset, piece)| {
+            Slice::new(
+                shared.clone(),
+                request.opcode,
+                task,
+                request.source + offset,
+                piece,
+                request.target_offset + offset as u64,
+            )
+        }));
+        Ok(())
     }
 
     /// Submits one request, waits for it, and returns the bytes moved.
@@ -172,16 +219,22 @@ impl TransferEngine {
 }
 
 impl EngineInner {
-    /// The installed transport that moves slices to a peer: the highest-priority one that
-    /// can reach it (the first installed among equals).
-    pub(crate) fn transport_for(&self, peer: &SegmentDesc) -> Option<usize> {
-        let mut best: Option<(usize, u8)> = None;
-        for (i, transport) in self.transports.iter().enumerate() {
-            let priority = transport.priority();
-            if best.is_none_or(|(_, p)| priority > p) && transport.can_reach(peer) {
-                best = Some((i, priority));
-            }
+    /// The installed transports that can reach a peer, best first: by priority, the first
+    /// installed among equals. The first moves its slices; a slice it declines goes to the
+    /// next.
+    pub(crate) fn routes_to(&self, peer: &SegmentDesc) -> Routes {
+        let mut reach: Vec<(usize, u8)> = self
+            .transports
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.can_reach(peer))
+            .map(|(i, t)| (i, t.priority()))
+            .collect();
+        reach.sort_by_key(|&(i, priority)| (std::cmp::Reverse(priority), i));
+        let mut routes = Routes::default();
+        for (i, _) in reach {
+            routes.push(i);
         }
-        best.map(|(i, _)| i)
+        routes
     }
 }

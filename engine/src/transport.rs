@@ -9,14 +9,17 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tern_memreg::{MemoryRegistry, RegionInfo, RegionPin};
+use std::sync::Weak;
+
+use tern_memreg::{AlignedBuffer, HoldsPin, MemoryRegistry, Pinned, RegionInfo, RegionPin};
 use tern_metadata::auth::ClusterSecret;
 use tern_metadata::rpc::{self, RpcClientConfig, RpcError, RpcType};
 use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc};
 
-use crate::batch::SliceCompletion;
+use crate::batch::BatchInner;
+use crate::engine::EngineInner;
 use crate::error::TransferError;
-use crate::stats::TransportReport;
+use crate::stats::{EngineCounters, TransportReport};
 use crate::types::{Opcode, SegmentId};
 
 /// Asks the engine to rebuild and publish the local descriptor.
@@ -81,10 +84,40 @@ impl TransportContext {
     }
 }
 
-/// A transport failure outside any one transfer (start-up, registration).
+/// A transport failure outside any one transfer (start-up, registration, allocation).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TransportError(pub String);
+#[non_exhaustive]
+pub enum TransportError {
+    /// A listener could not be bound or a socket set up; the message names the address.
+    #[error("{context}: {message}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The operating system's error.
+        message: String,
+    },
+    /// A device (NIC, shared-memory socket) could not be opened or used.
+    #[error("device {device}: {message}")]
+    Device {
+        /// Which device.
+        device: String,
+        /// What failed.
+        message: String,
+    },
+    /// Memory could not be registered with (or allocated by) the transport.
+    #[error("memory at {addr:#x} (+{len}): {message}")]
+    Memory {
+        /// Start of the memory.
+        addr: usize,
+        /// Its length.
+        len: usize,
+        /// What failed.
+        message: String,
+    },
+    /// The transport was used out of turn (started twice, used before it started).
+    #[error("{0}")]
+    State(String),
+}
 
 /// A segment as the engine resolved it: its descriptor and where its node listens.
 #[derive(Debug, Clone)]
@@ -140,12 +173,33 @@ pub trait Transport: Send + Sync + 'static {
     /// A region is being unregistered.
     fn unregister_memory(&self, _region: &RegionInfo) {}
 
-    /// Fills this transport's fields of the local descriptor (ports, versions, devices).
-    /// `desc.buffers` arrives in the keyless form, one entry per region of `regions` (the
-    /// remote-accessible ones, in address order); a transport with per-NIC keys replaces
-    /// them. Transports are asked in ascending [`priority`](Transport::priority), so the
-    /// highest-priority transport has the last word.
+    /// Fills this transport's Mooncake fields of the local descriptor (ports, versions,
+    /// devices). `desc.buffers` arrives in the keyless form, one entry per region of
+    /// `regions` (the remote-accessible ones, in address order); only a transport that
+    /// [`owns_buffer_keys`](Transport::owns_buffer_keys) may change them — the engine puts
+    /// back what any other one changes. Transports are asked in ascending
+    /// [`priority`](Transport::priority).
     fn describe(&self, desc: &mut SegmentDesc, regions: &[RegionInfo]);
+
+    /// Whether this transport's [`describe`](Transport::describe) fills the buffers' keys
+    /// (RDMA's per-NIC `lkey`/`rkey`).
+    fn owns_buffer_keys(&self) -> bool {
+        false
+    }
+
+    /// This transport's own part of the local descriptor, published under
+    /// `tern.<protocol>` (a field Mooncake peers ignore), so a transport adds what it needs
+    /// without a field of its own in [`SegmentDesc`] and without reach into another's.
+    fn extension(&self, _regions: &[RegionInfo]) -> Option<serde_json::Value> {
+        None
+    }
+
+    /// Memory for [`TransferEngine::allocate`](crate::TransferEngine::allocate) to hand out,
+    /// if this transport wants buffers of its own kind (shared-memory mappings, say); the
+    /// highest-priority transport that offers one wins. `None`: ordinary memory.
+    fn allocate(&self, _len: usize) -> Option<Result<AlignedBuffer, TransportError>> {
+        None
+    }
 
     /// Largest slice the engine should hand over.
     fn max_slice_size(&self) -> usize;
@@ -163,7 +217,9 @@ pub trait Transport: Send + Sync + 'static {
     }
 
     /// Takes slices to move. Must not block on I/O: outcomes are reported later through
-    /// [`Slice::complete`] / [`Slice::fail`], typically from worker threads.
+    /// [`Slice::complete`] / [`Slice::fail`], typically from worker threads. A slice this
+    /// transport cannot carry goes back with [`Slice::decline`], and the engine offers it to
+    /// the next transport that reaches the peer.
     fn submit(&self, slices: Vec<Slice>);
 
     /// What only the transport knows of its work: retries and its peers' state. The engine
@@ -176,55 +232,261 @@ pub trait Transport: Send + Sync + 'static {
     fn shutdown(&self);
 }
 
-/// One piece of a task: a contiguous range moved in one operation.
+/// What the slices of one submit call share when they come from one local region and go to
+/// one peer: the pin on that region (one for all of them), the peer, the batch their
+/// outcomes go to, and the transports that may carry them. Transports see it through
+/// [`Slice`], and hand it to a device as the keeper of a slice's memory ([`Slice::pinned`]).
+#[derive(Debug)]
+pub struct Submission {
+    local: RegionPin,
+    peer: Arc<PeerSegment>,
+    batch: Arc<BatchInner>,
+    /// The installed transports that reach the peer, best first (indices into the
+    /// engine's list).
+    routes: Routes,
+    counters: Arc<EngineCounters>,
+    /// To offer a declined slice to the next transport.
+    engine: Weak<EngineInner>,
+}
+
+impl HoldsPin for Submission {
+    fn pin(&self) -> &RegionPin {
+        &self.local
+    }
+}
+
+impl Submission {
+    pub(crate) fn new(
+        local: RegionPin,
+        peer: Arc<PeerSegment>,
+        batch: Arc<BatchInner>,
+        routes: Routes,
+        engine: &EngineInner,
+    ) -> Self {
+        Self {
+            local,
+            peer,
+            batch,
+            routes,
+            counters: engine.counters.clone(),
+            engine: engine.weak.clone(),
+        }
+    }
+
+    /// Whether `[addr, addr + len)` lies in this submission's pinned region.
+    pub(crate) fn covers(&self, addr: usize, len: usize) -> bool {
+        let info = self.local.info();
+        addr >= info.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= info.addr + info.len)
+    }
+
+    pub(crate) fn peer_id(&self) -> SegmentId {
+        self.peer.id
+    }
+}
+
+/// The transports that reach one peer, best first.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Routes {
+    order: [u8; Routes::MAX],
+    len: u8,
+}
+
+impl Routes {
+    /// Transports an engine may have.
+    pub(crate) const MAX: usize = 8;
+
+    pub(crate) fn push(&mut self, transport: usize) {
+        if (self.len as usize) < Self::MAX {
+            self.order[self.len as usize] = transport as u8;
+            self.len += 1;
+        }
+    }
+
+    pub(crate) fn first(&self) -> Option<usize> {
+        self.get(0)
+    }
+
+    pub(crate) fn get(&self, rank: usize) -> Option<usize> {
+        (rank < self.len as usize).then(|| self.order[rank] as usize)
+    }
+}
+
+/// One piece of a task: a contiguous range moved in one operation. Dropping it without a
+/// report fails its task, so a transport can never leave a task hanging.
 #[derive(Debug)]
 pub struct Slice {
-    /// Read or write.
-    pub opcode: Opcode,
-    /// The local region, pinned for as long as the slice lives.
-    pub local: RegionPin,
-    /// Local start address (inside `local`).
+    /// Local start address (inside [`local`](Slice::local)).
     pub local_addr: usize,
     /// Bytes.
     pub len: usize,
-    /// The other side.
-    pub peer: Arc<PeerSegment>,
     /// Remote start address.
     pub remote_addr: u64,
-    pub(crate) completion: SliceCompletion,
+    opcode: Opcode,
+    task: u32,
+    /// Which of the submission's routes carries it now.
+    rank: u8,
+    submission: Option<Arc<Submission>>,
 }
 
 impl Slice {
-    /// Whether the slice should still run (its task is pending and within its deadline).
-    /// A transport checks this before starting I/O and calls [`Slice::abandon`] if not.
+    pub(crate) fn new(
+        submission: Arc<Submission>,
+        opcode: Opcode,
+        task: usize,
+        local_addr: usize,
+        len: usize,
+        remote_addr: u64,
+    ) -> Self {
+        Self {
+            local_addr,
+            len,
+            remote_addr,
+            opcode,
+            task: task as u32,
+            rank: 0,
+            submission: Some(submission),
+        }
+    }
+
+    fn submission(&self) -> &Submission {
+        // Present until the slice reports, which consumes it.
+        self.submission
+            .as_deref()
+            .unwrap_or_else(|| unreachable!("a slice reports once"))
+    }
+
+    /// Read or write.
+    pub fn opcode(&self) -> Opcode {
+        self.opcode
+    }
+
+    /// The local region, pinned for as long as the slice (or any [`Slice::pinned`] of it)
+    /// lives.
+    pub fn local(&self) -> &RegionPin {
+        &self.submission().local
+    }
+
+    /// The other side.
+    pub fn peer(&self) -> &Arc<PeerSegment> {
+        &self.submission().peer
+    }
+
+    /// A shared hold on the slice's memory, for as long as a device may use it (an RDMA
+    /// work request's guard): one reference count, not a pin of its own.
+    pub fn pinned(&self) -> Pinned<Submission> {
+        Pinned(
+            self.submission
+                .clone()
+                .unwrap_or_else(|| unreachable!("a slice reports once")),
+        )
+    }
+
+    /// Whether the slice should still run (its task is pending). A transport checks this
+    /// before starting I/O and calls [`Slice::abandon`] if not.
     pub fn is_live(&self) -> bool {
-        self.completion.live()
+        self.submission().batch.task_live(self.task as usize)
+    }
+
+    /// Reports the outcome: the request's hold on the pin goes first (with the last slice,
+    /// the pin itself), so whoever learns the task ended may unregister its memory at once.
+    fn report(mut self, outcome: Outcome) {
+        let Some(submission) = self.submission.take() else {
+            return;
+        };
+        let transport = submission
+            .routes
+            .get(self.rank as usize)
+            .unwrap_or(usize::MAX);
+        let (batch, task) = (&submission.batch, self.task as usize);
+        let last = match &outcome {
+            Outcome::Done => {
+                submission.counters.moved(transport, self.len as u64);
+                batch.slice_progress(task, self.len as u64)
+            }
+            Outcome::Skipped => batch.slice_progress(task, 0),
+            Outcome::Failed(_) => {
+                submission.counters.failed(transport);
+                true
+            }
+        };
+        if !last {
+            return;
+        }
+        // The task ends here: let go of the submission (and with the last slice, its pin)
+        // before anyone can see the task ended.
+        let batch = batch.clone();
+        drop(submission);
+        match outcome {
+            Outcome::Failed(error) => batch.fail_task(task, error),
+            Outcome::Done | Outcome::Skipped => batch.complete_task(task),
+        }
     }
 
     /// The slice moved all its bytes.
     pub fn complete(self) {
-        let len = self.len as u64;
-        self.release().succeed(len);
+        self.report(Outcome::Done);
     }
 
     /// The slice failed; its task fails with `error`.
     pub fn fail(self, error: TransferError) {
-        self.release().fail(error);
+        self.report(Outcome::Failed(error));
     }
 
     /// The slice was skipped because its task had already ended (canceled, timed out or
     /// failed); nothing is recorded.
     pub fn abandon(self) {
-        self.release().skip();
+        self.report(Outcome::Skipped);
     }
 
-    /// Drops the slice's pin and gives back what reports its outcome: the pin goes first, so
-    /// that whoever learns the task ended can unregister its memory at once.
-    fn release(self) -> SliceCompletion {
-        let Self {
-            local, completion, ..
-        } = self;
-        drop(local);
-        completion
+    /// This transport cannot carry the slice (memory it cannot reach, a peer it cannot
+    /// connect to): the engine offers it to the next transport that reaches the peer, and
+    /// fails it with `why` if there is none. The slice's task goes on; the slices already
+    /// moving are not touched.
+    pub fn decline(mut self, why: &str) {
+        let submission = self.submission();
+        let next = self.rank as usize + 1;
+        let (Some(transport), Some(engine)) =
+            (submission.routes.get(next), submission.engine.upgrade())
+        else {
+            let error = TransferError::Declined {
+                segment: submission.peer.name.clone(),
+                reason: why.to_owned(),
+            };
+            return self.fail(error);
+        };
+        tracing::debug!(
+            "slice of {} declined ({why}); offered to {}",
+            submission.peer.name,
+            engine.transports[transport].protocol()
+        );
+        self.rank = next as u8;
+        engine.transports[transport].submit(vec![self]);
+    }
+}
+
+/// How a slice ended.
+enum Outcome {
+    Done,
+    Skipped,
+    Failed(TransferError),
+}
+
+impl Drop for Slice {
+    fn drop(&mut self) {
+        if let Some(submission) = self.submission.take() {
+            let batch = submission.batch.clone();
+            let task = self.task as usize;
+            if let Some(t) = submission.routes.get(self.rank as usize) {
+                submission.counters.failed(t);
+            }
+            drop(submission);
+            batch.fail_task(
+                task,
+                TransferError::Dropped("slice released without a result".into()),
+            );
+        }
     }
 }

@@ -29,6 +29,6 @@ pub use counting::CountingAllocator;
 pub use map::{MapError, RegionMap};
 pub use numa::{numa_node_of, resolve_location};
 pub use region::{
-    MemoryError, MemoryRegistry, Ready, Region, RegionInfo, RegionIo, RegionPin, RegionSlice,
-    RegisterRaw, Staged, wait_ready,
+    HoldsPin, MemoryError, MemoryRegistry, Pinned, Ready, Region, RegionInfo, RegionIo, RegionPin,
+    RegionSlice, RegisterRaw, Staged, wait_ready,
 };

@@ -34,6 +34,15 @@ unsafe impl MemoryGuard for RegionPin {
     }
 }
 
+// SAFETY: the `Pinned` holds an `Arc` of a `HoldsPin`, which owns a `RegionPin` for its whole
+// life (`HoldsPin`'s contract, which safe code cannot break: the reference comes from `&self`);
+// while any clone lives, that pin lives, and the pin's guarantees (above) hold.
+unsafe impl<T: crate::region::HoldsPin> MemoryGuard for crate::region::Pinned<T> {
+    fn span(&self) -> (usize, usize) {
+        (self.pin().info().addr, self.pin().info().len)
+    }
+}
+
 /// The memory regions of one registration, held by the region they describe.
 #[derive(Debug)]
 struct Registration {

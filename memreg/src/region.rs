@@ -654,6 +654,36 @@ impl<T: Read + Write> RegionIo for Staged<T> {
     }
 }
 
+/// Something that holds a [`RegionPin`] for as long as it lives: what a transfer shares
+/// between the pieces of one request (one pin per request, not per piece).
+///
+/// The pin returned must be one `self` owns for its whole life (a field, never replaced),
+/// which safe code cannot get wrong: a shared reference obtained from `&self` points into
+/// memory `self` keeps alive, and nothing can drop it while `self` is shared.
+pub trait HoldsPin: Send + Sync + 'static {
+    /// The pin held.
+    fn pin(&self) -> &RegionPin;
+}
+
+/// A shared owner of a [`HoldsPin`]: while any clone lives, the pin lives, so the region
+/// stays registered and its memory valid. What a transport hands a device as the keeper of
+/// a work request's memory (`tern_verbs::MemoryGuard`, feature `verbs`).
+#[derive(Debug)]
+pub struct Pinned<T: HoldsPin>(pub Arc<T>);
+
+impl<T: HoldsPin> Clone for Pinned<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T: HoldsPin> Pinned<T> {
+    /// The pin held.
+    pub fn pin(&self) -> &RegionPin {
+        self.0.pin()
+    }
+}
+
 /// The set of registered regions of one process (or one engine).
 #[derive(Debug, Default)]
 pub struct MemoryRegistry {

@@ -92,6 +92,10 @@ pub struct SegmentDesc {
     /// TCP data protocol version; absent means 1.
     #[serde(default = "legacy_tcp_version")]
     pub tcp_proto_version: u32,
+    /// Tern transports' own fields, one entry per protocol (`{"shm": {...}}`); Mooncake
+    /// peers ignore the key, and it is absent when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tern: BTreeMap<String, serde_json::Value>,
     /// Local time of writing, `YYYY-MM-DD HH:MM:SS.uuuuuu`; ignored for equality.
     #[serde(default)]
     pub timestamp: String,
@@ -136,6 +140,7 @@ impl SegmentDesc {
             rdma_server_name: None,
             tcp_data_port: 0,
             tcp_proto_version: 1,
+            tern: BTreeMap::new(),
             timestamp: String::new(),
         }
     }

@@ -10,14 +10,14 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use tern_memreg::RegionPin;
+use tern_engine::{Pinned, Submission};
 use tern_verbs::{CompletionQueue, Gid, PathConfig, Peer, QpCaps, QueuePair, VerbsError};
 
 use crate::worker::Job;
 
-/// The QPs of an endpoint: each work request holds a pin on its local region (so the region
-/// stays registered until the request is retired) and carries its job.
-pub(crate) type DataQp = QueuePair<RegionPin, Job>;
+/// The QPs of an endpoint: each work request holds its slice's submission, and so the pin on its
+/// local region, until the request is retired, and carries its job.
+pub(crate) type DataQp = QueuePair<Pinned<Submission>, Job>;
 
 use crate::nic::{Nic, mtu_enum};
 use crate::sieve::Sieve;

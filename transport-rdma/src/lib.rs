@@ -375,29 +375,35 @@ impl Transport for RdmaTransport {
     fn start(&self, context: TransportContext) -> Result<(), TransportError> {
         self.inner
             .start(context)
-            .map_err(|e| TransportError(e.to_string()))
+            .map_err(|e| TransportError::Device {
+                device: "RDMA".into(),
+                message: e.to_string(),
+            })
     }
 
     fn register_memory(&self, region: &RegionInfo) -> Result<(), TransportError> {
         let shared = self
             .running()
-            .ok_or_else(|| TransportError("the RDMA transport is not started".into()))?;
+            .ok_or_else(|| TransportError::State("the RDMA transport is not started".into()))?;
         let pin = shared
             .context
             .registry
             .pin(region.addr, region.len)
-            .map_err(|e| TransportError(e.to_string()))?;
+            .map_err(|e| TransportError::Memory {
+                addr: region.addr,
+                len: region.len,
+                message: e.to_string(),
+            })?;
         let access = Access {
             remote_write: region.remote_accessible,
             remote_read: region.remote_accessible,
             relaxed_ordering: true,
         };
         let pds: Vec<_> = shared.nics.iter().map(|s| s.nic.pd.clone()).collect();
-        let keys = register_on_devices(&pin, &pds, access).map_err(|e| {
-            TransportError(format!(
-                "registering {} bytes at {:#x} on {:?}: {e}",
-                region.len, region.addr, shared.names
-            ))
+        let keys = register_on_devices(&pin, &pds, access).map_err(|e| TransportError::Memory {
+            addr: region.addr,
+            len: region.len,
+            message: format!("registering on {:?}: {e}", shared.names),
         })?;
         shared
             .keys

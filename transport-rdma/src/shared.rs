@@ -227,7 +227,7 @@ impl Shared {
         avoid: Option<(usize, &str)>,
         cache: &mut RouteCache,
     ) -> Result<Route, TransferError> {
-        let region = slice.local.info();
+        let region = slice.local().info();
         let keys = match &cache.keys {
             Some((addr, keys)) if *addr == region.addr => keys.clone(),
             _ => {
@@ -246,11 +246,11 @@ impl Shared {
             }
         };
         let buffer = slice
-            .peer
+            .peer()
             .desc
             .buffer_containing(slice.remote_addr, slice.len as u64)
             .ok_or_else(|| TransferError::TargetOutOfRange {
-                segment: slice.peer.name.clone(),
+                segment: slice.peer().name.clone(),
                 addr: slice.remote_addr,
                 len: slice.len,
             })?;
@@ -259,7 +259,7 @@ impl Shared {
             // Not remote-accessible there: the peer would refuse it.
             _ => {
                 return Err(TransferError::RemoteRejected {
-                    peer: slice.peer.name.clone(),
+                    peer: slice.peer().name.clone(),
                     addr: slice.remote_addr,
                     len: slice.len,
                 });
@@ -279,15 +279,15 @@ impl Shared {
             }
         };
         let peer = match &cache.peer {
-            Some(view) if Arc::ptr_eq(&view.segment, &slice.peer) => view.clone(),
+            Some(view) if Arc::ptr_eq(&view.segment, slice.peer()) => view.clone(),
             _ => {
-                let view = self.peer_view(&slice.peer);
+                let view = self.peer_view(slice.peer());
                 cache.peer = Some(view.clone());
                 view
             }
         };
         let unreachable = |why: String| TransferError::Connection {
-            peer: slice.peer.name.clone(),
+            peer: slice.peer().name.clone(),
             message: why,
         };
         let local_names: Vec<&str> = self.names.iter().map(String::as_str).collect();
@@ -483,7 +483,7 @@ impl Shared {
         self.retire_displaced(displaced);
         let shared = self.clone();
         let connecting = ep.clone();
-        let peer = slice.peer.clone();
+        let peer = slice.peer().clone();
         let spawned = std::thread::Builder::new()
             .name("tern-rdma-connect".into())
             .spawn(move || {

@@ -26,8 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use tern_engine::{Opcode, Slice, TransferError};
-use tern_memreg::RegionPin;
+use tern_engine::{Opcode, Pinned, Slice, Submission, TransferError};
 use tern_verbs::{Completion, CompletionError, CompletionQueue, Outcome, SendOp, SendWork, Sge};
 
 use crate::endpoint::{Endpoint, State};
@@ -148,7 +147,7 @@ impl WorkerHandle {
 }
 
 /// Requests about to be posted to one QP.
-type Chain = Vec<SendWork<RegionPin, Job>>;
+type Chain = Vec<SendWork<Pinned<Submission>, Job>>;
 
 #[derive(Debug)]
 struct Slot {
@@ -440,7 +439,7 @@ impl Worker {
             }
             slot.next_qp = (q + 1) % qp_count;
             let (remote_addr, rkey) = (job.slice.remote_addr, job.rkey);
-            let op = match job.slice.opcode {
+            let op = match job.slice.opcode() {
                 Opcode::Write => SendOp::Write { remote_addr, rkey },
                 Opcode::Read => SendOp::Read { remote_addr, rkey },
             };
@@ -451,7 +450,7 @@ impl Worker {
                     len: job.slice.len as u32,
                     lkey: job.lkey,
                 },
-                guard: job.slice.local.clone(),
+                guard: job.slice.pinned(),
                 user: job,
             });
             budget -= 1;

@@ -218,7 +218,7 @@ struct Sending {
 impl Sending {
     fn total(&self) -> usize {
         HEADER_LEN
-            + match self.slice.opcode {
+            + match self.slice.opcode() {
                 Opcode::Write => self.slice.len,
                 Opcode::Read => 0,
             }
@@ -369,8 +369,9 @@ impl Window {
                     slice.abandon();
                     continue;
                 }
-                let v2 = shared.config.proto_version >= 2 && slice.peer.desc.tcp_proto_version >= 2;
-                let op = match slice.opcode {
+                let v2 =
+                    shared.config.proto_version >= 2 && slice.peer().desc.tcp_proto_version >= 2;
+                let op = match slice.opcode() {
                     Opcode::Read => OP_READ,
                     Opcode::Write => OP_WRITE,
                 };
@@ -394,10 +395,10 @@ impl Window {
             while sending.sent < total {
                 let head = &sending.header[sending.sent.min(HEADER_LEN)..];
                 let body_from = sending.sent.saturating_sub(HEADER_LEN);
-                let result = match sending.slice.opcode {
+                let result = match sending.slice.opcode() {
                     Opcode::Write => sending
                         .slice
-                        .local
+                        .local()
                         .slice(
                             sending.slice.local_addr + body_from,
                             sending.slice.len - body_from,
@@ -435,7 +436,7 @@ impl Window {
         let mut step = Step::Blocked;
         while let Some(front) = self.awaiting.front_mut() {
             let status_len = if front.v2 { 8 } else { 0 };
-            let (is_read, len) = (front.slice.opcode == Opcode::Read, front.slice.len);
+            let (is_read, len) = (front.slice.opcode() == Opcode::Read, front.slice.len);
             // A write's status comes after its data reached the server, a read's before its
             // data: either way the status is first on the wire for this request.
             if front.status_got < status_len {
@@ -477,7 +478,7 @@ impl Window {
             if is_read && front.body_got < len {
                 let body = front
                     .slice
-                    .local
+                    .local()
                     .slice(
                         front.slice.local_addr + front.body_got,
                         len - front.body_got,

@@ -186,11 +186,9 @@ impl Transport for TcpTransport {
             secret.clone(),
             context.segment_name.clone(),
         )
-        .map_err(|e| {
-            TransportError(format!(
-                "binding the data port on {}: {e}",
-                context.advertised_ip
-            ))
+        .map_err(|e| TransportError::Io {
+            context: format!("binding the data port on {}", context.advertised_ip),
+            message: e.to_string(),
         })?;
         let running = Arc::new(Running {
             config: self.config.clone(),
@@ -203,7 +201,7 @@ impl Transport for TcpTransport {
         });
         self.running
             .set(running)
-            .map_err(|_| TransportError("TCP transport started twice".into()))
+            .map_err(|_| TransportError::State("TCP transport started twice".into()))
     }
 
     fn describe(&self, desc: &mut SegmentDesc, _regions: &[RegionInfo]) {
@@ -229,13 +227,13 @@ impl Transport for TcpTransport {
         let mut current: Option<((String, u16), Arc<client::Pool>)> = None;
         for slice in slices {
             let key = (
-                slice.peer.rpc.ip_or_host_name.clone(),
-                slice.peer.desc.tcp_data_port,
+                slice.peer().rpc.ip_or_host_name.clone(),
+                slice.peer().desc.tcp_data_port,
             );
             let pool = match &current {
                 Some((k, pool)) if *k == key => pool.clone(),
                 _ => {
-                    let pool = Self::pool(running, &key.0, key.1, &slice.peer.desc.name);
+                    let pool = Self::pool(running, &key.0, key.1, &slice.peer().desc.name);
                     current = Some((key, pool.clone()));
                     pool
                 }

@@ -1,0 +1,79 @@
+//! Runs `BATCHES` batches of 128 requests of 64 KiB (one slice each) through the engine with
+//! a transport that completes slices on another thread, and nothing else: run under
+//! `valgrind --tool=callgrind` at two batch counts, the difference in instructions divided
+//! by the difference in slices is the engine's instruction cost per slice — a figure that,
+//! unlike time, does not move with the load on a shared machine. `cargo xtask bench` does
+//! that (with `TERN_WAIT_SPIN_US=0`, so waits sleep instead of spinning a varying number of
+//! times).
+
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use tern_engine::{
+    RegionInfo, SegmentDesc, SegmentId, Slice, TransferEngine, TransferRequest, Transport,
+    TransportContext, TransportError,
+};
+
+struct ThreadedTransport {
+    to_worker: Sender<Vec<Slice>>,
+}
+
+impl Transport for ThreadedTransport {
+    fn protocol(&self) -> &'static str {
+        "threaded"
+    }
+    fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn describe(&self, _desc: &mut SegmentDesc, _regions: &[RegionInfo]) {}
+    fn max_slice_size(&self) -> usize {
+        64 << 10
+    }
+    fn submit(&self, slices: Vec<Slice>) {
+        let _ = self.to_worker.send(slices);
+    }
+    fn shutdown(&self) {}
+}
+
+fn main() {
+    let batches: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(100);
+    let (to_worker, from_submitters): (Sender<Vec<Slice>>, Receiver<Vec<Slice>>) =
+        crossbeam_channel::unbounded();
+    let worker = std::thread::spawn(move || {
+        while let Ok(slices) = from_submitters.recv() {
+            for slice in slices {
+                slice.complete();
+            }
+        }
+    });
+    let engine = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(ThreadedTransport { to_worker })
+        .build()
+        .expect("engine");
+    let len = 64 << 10;
+    let buffer = engine.allocate(2 * 128 * len, "cpu:0").expect("buffer");
+    let requests: Vec<TransferRequest> = (0..128)
+        .map(|i| {
+            TransferRequest::write(
+                buffer.addr() + i * len,
+                SegmentId::LOCAL,
+                (buffer.addr() + (128 + i) * len) as u64,
+                len,
+            )
+        })
+        .collect();
+    for _ in 0..batches {
+        let batch = engine.allocate_batch(128).expect("batch");
+        engine.submit(&batch, &requests).expect("submit");
+        batch.wait(Duration::from_secs(60));
+        assert_eq!(batch.status().completed, 128);
+        engine.free_batch(&batch).expect("free");
+    }
+    drop(buffer);
+    drop(engine);
+    let _ = worker.join();
+}

@@ -1,0 +1,203 @@
+//! What the engine gives a third transport: a slice handed back ([`Slice::decline`]) moves on
+//! to the next transport that reaches the peer without failing its task or touching the
+//! others; a transport's own descriptor fields live under `tern.<protocol>`; only the
+//! transport that owns buffer keys may change them; and `allocate` takes memory from the
+//! transport that offers it. Stand-in transports that move no bytes (the conformance suites
+//! prove the wire); the engine, its registry and its descriptors are the real ones.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tern_engine::{
+    AlignedBuffer, RegionInfo, SegmentDesc, SegmentId, Slice, TransferEngine, TransferError,
+    TransferRequest, TransferStatus, Transport, TransportContext, TransportError,
+};
+
+/// Completes or declines every slice it is given, counting both; describes itself.
+struct Stub {
+    name: &'static str,
+    priority: u8,
+    /// Declines slices whose local address is at or past this.
+    decline_from: usize,
+    declined: Arc<AtomicUsize>,
+    completed: Arc<AtomicUsize>,
+    offers_memory: bool,
+    allocations: Arc<AtomicUsize>,
+}
+
+impl Stub {
+    fn new(name: &'static str, priority: u8) -> Self {
+        Self {
+            name,
+            priority,
+            decline_from: usize::MAX,
+            declined: Arc::default(),
+            completed: Arc::default(),
+            offers_memory: false,
+            allocations: Arc::default(),
+        }
+    }
+}
+
+impl Transport for Stub {
+    fn protocol(&self) -> &'static str {
+        self.name
+    }
+    fn priority(&self) -> u8 {
+        self.priority
+    }
+    fn can_reach(&self, _peer: &SegmentDesc) -> bool {
+        true
+    }
+    fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn describe(&self, desc: &mut SegmentDesc, _regions: &[RegionInfo]) {
+        // A transport without buffer keys tries to change them: the engine puts them back.
+        for buffer in &mut desc.buffers {
+            buffer.rkey = Some(vec![0xBAD]);
+        }
+    }
+    fn extension(&self, regions: &[RegionInfo]) -> Option<serde_json::Value> {
+        Some(serde_json::json!({ "name": self.name, "regions": regions.len() }))
+    }
+    fn allocate(&self, len: usize) -> Option<Result<AlignedBuffer, TransportError>> {
+        self.offers_memory.then(|| {
+            self.allocations.fetch_add(1, Ordering::Relaxed);
+            AlignedBuffer::new(len).ok_or(TransportError::Memory {
+                addr: 0,
+                len,
+                message: "no memory".into(),
+            })
+        })
+    }
+    fn max_slice_size(&self) -> usize {
+        4096
+    }
+    fn submit(&self, slices: Vec<Slice>) {
+        for slice in slices {
+            if slice.local_addr >= self.decline_from {
+                self.declined.fetch_add(1, Ordering::Relaxed);
+                slice.decline("that memory is out of reach");
+            } else {
+                self.completed.fetch_add(1, Ordering::Relaxed);
+                slice.complete();
+            }
+        }
+    }
+    fn shutdown(&self) {}
+}
+
+#[test]
+fn a_declined_slice_moves_to_the_next_transport_and_its_task_completes() {
+    let mut near = Stub::new("near", 20);
+    let mut far = Stub::new("far", 10);
+    let (near_done, near_declined, far_done) = (
+        near.completed.clone(),
+        near.declined.clone(),
+        far.completed.clone(),
+    );
+    near.decline_from = 0;
+    far.decline_from = usize::MAX;
+    let engine = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(far)
+        .transport(near)
+        .build()
+        .unwrap();
+    let buffer = engine.allocate(64 << 10, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(2).unwrap();
+    engine
+        .submit(
+            &batch,
+            &[
+                TransferRequest::write(
+                    buffer.addr(),
+                    SegmentId::LOCAL,
+                    (buffer.addr() + (32 << 10)) as u64,
+                    16 << 10,
+                ),
+                TransferRequest::read(
+                    buffer.addr() + (16 << 10),
+                    SegmentId::LOCAL,
+                    (buffer.addr() + (48 << 10)) as u64,
+                    8 << 10,
+                ),
+            ],
+        )
+        .unwrap();
+    batch.wait(Duration::from_secs(5));
+    for task in 0..2 {
+        assert_eq!(
+            batch.task_status(task).unwrap().status,
+            TransferStatus::Completed
+        );
+    }
+    // Six 4 KiB slices: the preferred transport declined each, the next carried each.
+    assert_eq!(near_declined.load(Ordering::Relaxed), 6);
+    assert_eq!(near_done.load(Ordering::Relaxed), 0);
+    assert_eq!(far_done.load(Ordering::Relaxed), 6);
+    let stats = engine.stats();
+    let far_stats = stats
+        .transports
+        .iter()
+        .find(|t| t.protocol == "far")
+        .unwrap();
+    assert_eq!((far_stats.slices, far_stats.bytes), (6, 24 << 10));
+}
+
+#[test]
+fn a_slice_every_transport_declines_fails_its_task_with_the_last_reason() {
+    let mut only = Stub::new("only", 5);
+    only.decline_from = 0;
+    let engine = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(only)
+        .build()
+        .unwrap();
+    let buffer = engine.allocate(16 << 10, "cpu:0").unwrap();
+    let outcome = engine.transfer_sync(TransferRequest::write(
+        buffer.addr(),
+        SegmentId::LOCAL,
+        (buffer.addr() + (8 << 10)) as u64,
+        4096,
+    ));
+    match outcome {
+        Err(tern_engine::EngineError::TransferFailed {
+            status: TransferStatus::Failed(TransferError::Declined { reason, .. }),
+        }) => assert!(reason.contains("out of reach"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn extensions_are_namespaced_buffer_keys_are_guarded_and_allocation_is_offered() {
+    let mut memory = Stub::new("memory", 30);
+    memory.offers_memory = true;
+    let allocations = memory.allocations.clone();
+    let engine = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(Stub::new("other", 1))
+        .transport(memory)
+        .build()
+        .unwrap();
+    let buffer = engine.allocate(8192, "cpu:0").unwrap();
+    assert_eq!(
+        allocations.load(Ordering::Relaxed),
+        1,
+        "the transport was asked"
+    );
+    let desc = engine.local_descriptor();
+    assert_eq!(desc.tern["memory"]["name"], "memory");
+    assert_eq!(desc.tern["other"]["regions"], 1);
+    assert!(
+        desc.buffers.iter().all(|b| b.rkey.is_none()),
+        "a transport that owns no buffer keys changed them: {:?}",
+        desc.buffers
+    );
+    // Mooncake peers see the field as one more key they ignore.
+    let json: serde_json::Value = serde_json::from_str(&desc.to_json()).unwrap();
+    assert!(json["tern"].is_object());
+    assert_eq!(json["buffers"][0]["addr"], buffer.addr() as u64);
+}
