@@ -323,6 +323,9 @@ struct Outcome {
     /// With `--idle_seconds`: percent of one core the initiator (and the target, when this
     /// process started it) used while idle with its endpoints open.
     idle_cpu: Option<(f64, Option<f64>)>,
+    /// CPU seconds the initiator (this process) and the target (when this process knows its
+    /// pid) used during the timed run.
+    run_cpu: (Option<f64>, Option<f64>),
     /// The engine's statistics at the end.
     stats: Option<EngineStats>,
 }
@@ -395,7 +398,15 @@ fn run_initiator(args: &Args, segment: &str, target: Option<u32>) -> Result<Outc
                 scope.spawn(move || ctx.worker(thread))
             })
             .collect();
+        let target_pid = target.map(|pid| pid.to_string());
+        let cpu_now = || {
+            (
+                cpu_seconds("self"),
+                target_pid.as_deref().and_then(cpu_seconds),
+            )
+        };
         ctx.start.wait();
+        let cpu_before = cpu_now();
         let started = Instant::now();
         show_progress(&ctx, started, deadline);
         ctx.stop.store(true, Ordering::Release);
@@ -405,6 +416,7 @@ fn run_initiator(args: &Args, segment: &str, target: Option<u32>) -> Result<Outc
             batches: 0,
             latencies_us: Vec::new(),
             idle_cpu: None,
+            run_cpu: (None, None),
             stats: None,
         };
         let mut failure = None;
@@ -420,6 +432,12 @@ fn run_initiator(args: &Args, segment: &str, target: Option<u32>) -> Result<Outc
             }
         }
         outcome.duration = started.elapsed();
+        let cpu_after = cpu_now();
+        let spent = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
+        outcome.run_cpu = (
+            spent(cpu_before.0, cpu_after.0),
+            spent(cpu_before.1, cpu_after.1),
+        );
         (failure.map_or(Ok(outcome), Err), started)
     });
     let _ = started;
@@ -473,6 +491,7 @@ impl Shared<'_> {
             batches: 0,
             latencies_us: Vec::new(),
             idle_cpu: None,
+            run_cpu: (None, None),
             stats: None,
         };
         let mut requests = Vec::with_capacity(args.batch_size);
@@ -803,6 +822,13 @@ fn report(args: &Args, outcome: &Outcome) -> Result<(), String> {
         "avg_latency_us": avg,
         "p50_latency_us": percentile(&latencies, 50.0),
         "p99_latency_us": percentile(&latencies, 99.0),
+        "messages_per_s": outcome.batches as f64 * args.batch_size as f64 / secs,
+        "cpu_initiator_s": outcome.run_cpu.0,
+        "cpu_target_s": outcome.run_cpu.1,
+        "cpu_us_per_gb": match outcome.run_cpu {
+            (Some(i), Some(t)) if outcome.bytes > 0 => Some((i + t) * 1e6 / (outcome.bytes as f64 / 1e9)),
+            _ => None,
+        },
         "idle_cpu_initiator_pct": outcome.idle_cpu.map(|c| c.0),
         "idle_cpu_target_pct": outcome.idle_cpu.and_then(|c| c.1),
         "stats": outcome.stats,

@@ -445,20 +445,27 @@ impl Slice {
     /// connect to): the engine offers it to the next transport that reaches the peer, and
     /// fails it with `why` if there is none. The slice's task goes on; the slices already
     /// moving are not touched.
-    pub fn decline(mut self, why: &str) {
+    pub fn decline(self, why: &str) {
+        let error = TransferError::Declined {
+            segment: self.submission().peer.name.clone(),
+            reason: why.to_owned(),
+        };
+        self.decline_with(error);
+    }
+
+    /// As [`decline`](Slice::decline), for a transport that tried and failed (no path to the
+    /// peer's NICs, say): with no transport left to offer it to, the slice fails with `error`
+    /// itself.
+    pub fn decline_with(mut self, error: TransferError) {
         let submission = self.submission();
         let next = self.rank as usize + 1;
         let (Some(transport), Some(engine)) =
             (submission.routes.get(next), submission.engine.upgrade())
         else {
-            let error = TransferError::Declined {
-                segment: submission.peer.name.clone(),
-                reason: why.to_owned(),
-            };
             return self.fail(error);
         };
         tracing::debug!(
-            "slice of {} declined ({why}); offered to {}",
+            "slice of {} declined ({error}); offered to {}",
             submission.peer.name,
             engine.transports[transport].protocol()
         );

@@ -376,8 +376,8 @@ fn serve_http(
     let peer = served.peer.clone();
     let mut first = [0u8; 1];
     match served.await_frame(&mut first) {
-        Ok(true) => {}
-        Ok(false) => return,
+        Ok(1..) => {}
+        Ok(0) => return,
         Err(e) => {
             tracing::warn!("http metadata: {peer}: {e} before its request");
             return;

@@ -119,21 +119,20 @@ impl Served {
         self.stop.clone()
     }
 
-    /// Reads the first byte of a frame into `first`, waiting up to the idle timeout: `false`
-    /// when the peer closed (or the listener stopped) before sending one.
-    pub fn await_frame(&mut self, first: &mut [u8; 1]) -> io::Result<bool> {
+    /// Reads the start of a frame into `start` (as much of it as has arrived, at least one
+    /// byte), waiting up to the idle timeout; returns how many bytes, 0 when the peer closed
+    /// (or the listener stopped) before sending one.
+    pub fn await_frame(&mut self, start: &mut [u8]) -> io::Result<usize> {
         let deadline = Instant::now() + self.limits.idle_timeout;
         let stop = self.stop.clone();
         let mut reader = DeadlineRead::new(&mut self.stream, deadline).stop_on(&stop);
-        match reader.read(first) {
-            Ok(0) => Ok(false),
-            Ok(_) => Ok(true),
+        match reader.read(start) {
             Err(e)
                 if e.kind() == io::ErrorKind::ConnectionAborted && stop.load(Ordering::Acquire) =>
             {
-                Ok(false)
+                Ok(0)
             }
-            Err(e) => Err(e),
+            other => other,
         }
     }
 

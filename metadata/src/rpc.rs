@@ -436,9 +436,9 @@ fn serve_connection(
     let peer = served.peer.clone();
     let mut first = [0u8; 1];
     match served.await_frame(&mut first) {
-        Ok(true) => {}
+        Ok(1..) => {}
         // A bare connect-and-close (a port probe, or the shutdown wake-up) is no refusal.
-        Ok(false) => return,
+        Ok(0) => return,
         Err(e) => {
             tracing::warn!("handshake from {peer}: {e} before its request; dropping it");
             return;

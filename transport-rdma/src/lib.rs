@@ -423,6 +423,11 @@ impl Transport for RdmaTransport {
         }
     }
 
+    /// The per-NIC `lkey`/`rkey` arrays of every buffer are this transport's.
+    fn owns_buffer_keys(&self) -> bool {
+        true
+    }
+
     fn describe(&self, desc: &mut SegmentDesc, regions: &[RegionInfo]) {
         let Some(shared) = self.running() else {
             return;
@@ -513,6 +518,8 @@ impl Transport for RdmaTransport {
                         rkey: route.rkey,
                     });
                 }
+                // No path to the peer's NICs: another transport may still reach it.
+                Err(error @ TransferError::Connection { .. }) => slice.decline_with(error),
                 Err(error) => slice.fail(error),
             }
         }

@@ -396,7 +396,9 @@ impl Shared {
     }
 
     /// A new route for a job that could not run where it was: `None` when it has been
-    /// failed instead (out of retries, no path, task over).
+    /// settled instead — handed back to the engine for the next transport when no path to the
+    /// peer works (out of retries, no path), failed when the peer refused it, dropped when its
+    /// task is over.
     pub fn reroute(&self, mut job: Job, reason: Option<String>) -> Option<Job> {
         if !job.slice.is_live() {
             job.slice.abandon();
@@ -408,7 +410,7 @@ impl Shared {
                 job.attempt,
                 reason.unwrap_or_else(|| "endpoint lost".into())
             );
-            job.slice.fail(TransferError::Connection {
+            job.slice.decline_with(TransferError::Connection {
                 peer: job.key.to_string(),
                 message,
             });
@@ -431,6 +433,10 @@ impl Shared {
                 job.lkey = route.lkey;
                 job.rkey = route.rkey;
                 Some(job)
+            }
+            Err(error @ TransferError::Connection { .. }) => {
+                job.slice.decline_with(error);
+                None
             }
             Err(error) => {
                 job.slice.fail(error);

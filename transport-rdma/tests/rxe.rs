@@ -817,3 +817,64 @@ fn shutdown_mid_transfer_retires_every_request_before_its_pin_goes() {
     );
     drop(local);
 }
+
+/// A peer whose published NIC cannot be reached (its GID is the link-local one, index 0, which
+/// an IPv4 RoCE path cannot route to): RDMA tries its paths, gives the slices back to the
+/// engine, and TCP — installed beside it on both nodes — carries them; every task completes
+/// with the right bytes, and the RDMA counters show nothing moved.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn slices_rdma_cannot_carry_move_over_tcp() {
+    support::setup(
+        "slices_rdma_cannot_carry_move_over_tcp",
+        Duration::from_secs(600),
+    );
+    let target = builder(rdma_with(|c| c.gid_index = Some(0)))
+        .transport(TcpTransport::default())
+        .build()
+        .unwrap();
+    let initiator = builder(rdma_with(|_| {}))
+        .transport(TcpTransport::default())
+        .transfer_timeout(Some(Duration::from_secs(300)))
+        .build()
+        .unwrap();
+    let remote = target.allocate(4 << 20, "cpu:0").unwrap();
+    let local = initiator.allocate(8 << 20, "cpu:0").unwrap();
+    local.write_at(0, &pattern(21, 4 << 20)).unwrap();
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    let remote_addr = remote.addr() as u64;
+    initiator
+        .transfer_sync(TransferRequest::write(
+            local.addr(),
+            peer,
+            remote_addr,
+            4 << 20,
+        ))
+        .unwrap();
+    assert!(
+        holds(&remote, 0, 21, 4 << 20),
+        "the write landed the wrong bytes"
+    );
+    initiator
+        .transfer_sync(TransferRequest::read(
+            local.addr() + (4 << 20),
+            peer,
+            remote_addr,
+            4 << 20,
+        ))
+        .unwrap();
+    assert!(
+        holds(&local, 4 << 20, 21, 4 << 20),
+        "the read brought the wrong bytes"
+    );
+    let stats = initiator.stats();
+    let of = |protocol: &str| {
+        stats
+            .transports
+            .iter()
+            .find(|t| t.protocol == protocol)
+            .unwrap_or_else(|| panic!("no {protocol} stats: {stats:?}"))
+    };
+    assert_eq!(of("rdma").bytes, 0, "{stats:?}");
+    assert_eq!(of("tcp").bytes, 8 << 20, "{stats:?}");
+}

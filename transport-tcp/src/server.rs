@@ -83,7 +83,7 @@ fn serve(
     if let Some(secret) = secret {
         // The exchange is one frame: bounded from the first byte by the frame deadline.
         let mut first = [0u8; 1];
-        if !served.await_frame(&mut first).map_err(|e| e.to_string())? {
+        if served.await_frame(&mut first).map_err(|e| e.to_string())? == 0 {
             return Ok(());
         }
         let mut frame = served.frame();
@@ -94,16 +94,17 @@ fn serve(
     }
     let mut header = [0u8; HEADER_LEN];
     loop {
-        let mut first = [0u8; 1];
-        if !served.await_frame(&mut first).map_err(|e| match e {
+        let got = served.await_frame(&mut header).map_err(|e| match e {
             e if is_tick(&e) => "idle for too long".to_owned(),
             e => e.to_string(),
-        })? {
+        })?;
+        if got == 0 {
             return Ok(());
         }
-        header[0] = first[0];
-        let mut frame = served.frame();
-        read_rest(&mut frame, &mut header[1..])?;
+        if got < HEADER_LEN {
+            let mut frame = served.frame();
+            read_rest(&mut frame, &mut header[got..], got)?;
+        }
         let header = Header::decode(&header);
         let deadline = Instant::now()
             + io_timeout
@@ -117,14 +118,18 @@ fn serve(
 }
 
 /// The rest of a header, within the frame deadline.
-fn read_rest(frame: &mut DeadlineRead<'_, TcpStream>, rest: &mut [u8]) -> Result<(), String> {
+fn read_rest(
+    frame: &mut DeadlineRead<'_, TcpStream>,
+    rest: &mut [u8],
+    already: usize,
+) -> Result<(), String> {
     let mut filled = 0;
     while filled < rest.len() {
         match frame.read(&mut rest[filled..]) {
             Ok(0) => {
                 return Err(format!(
                     "truncated header ({} of {HEADER_LEN} bytes)",
-                    filled + 1
+                    already + filled
                 ));
             }
             Ok(n) => filled += n,
@@ -132,7 +137,7 @@ fn read_rest(frame: &mut DeadlineRead<'_, TcpStream>, rest: &mut [u8]) -> Result
             Err(e) if is_tick(&e) => {
                 return Err(format!(
                     "silent mid-header ({} of {HEADER_LEN} bytes)",
-                    filled + 1
+                    already + filled
                 ));
             }
             Err(e) => return Err(e.to_string()),

@@ -11,14 +11,15 @@
 //! It must not hold product logic: it only drives cargo, apt and the benchmark binary.
 #![forbid(unsafe_code)]
 
+mod baseline;
+mod bench;
 mod fuzz;
 mod memcheck;
 mod soak;
 mod softroce;
 mod wheel;
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
@@ -137,7 +138,8 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("deps") => deps(&[Group::Build, Group::Services, Group::Bench, Group::Guest]),
         Some("test") => test(&args[1..]),
-        Some("bench") => bench(&args[1..]),
+        Some("bench") => bench::command(&args[1..]),
+        Some("__tcp-peer") => baseline::peer(&args[1..]),
         Some("etcd") => etcd_for_people(&args[1..]),
         Some("softroce") => softroce_command(&args[1..]),
         Some("fuzz") => fuzz::command(&args[1..]),
@@ -290,40 +292,6 @@ fn test(extra: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// One stream over 127.0.0.1 with 1 MiB writes, reader and writer as threads: what a
-/// single TCP connection on this machine does right now.
-fn tcp_baseline(seconds: f64) -> Result<f64, String> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let reader = std::thread::spawn(move || -> std::io::Result<u64> {
-        let (mut stream, _) = listener.accept()?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut total = 0u64;
-        loop {
-            match stream.read(&mut buf)? {
-                0 => return Ok(total),
-                n => total += n as u64,
-            }
-        }
-    });
-    let mut stream = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    let block = vec![0x5au8; 1 << 20];
-    let until = Duration::from_secs_f64(seconds);
-    let started = Instant::now();
-    let mut sent = 0u64;
-    while started.elapsed() < until {
-        stream.write_all(&block).map_err(|e| e.to_string())?;
-        sent += block.len() as u64;
-    }
-    drop(stream);
-    let received = reader
-        .join()
-        .map_err(|_| "baseline reader panicked".to_owned())?
-        .map_err(|e| e.to_string())?;
-    let secs = started.elapsed().as_secs_f64();
-    Ok(received.min(sent) as f64 / secs / 1e9)
-}
-
 /// Debian's etcd on loopback, its data and log under `target/`; killed on drop.
 fn start_etcd(client_port: Option<u16>) -> Result<Etcd, String> {
     let tag = client_port.map_or_else(|| "any".to_owned(), |p| p.to_string());
@@ -353,169 +321,6 @@ fn etcd_for_people(args: &[String]) -> Result<(), String> {
     );
     etcd.wait();
     Ok(())
-}
-
-/// One guest boot: Tern over RDMA (loopback on rxe0, one initiator thread) beside perftest at
-/// the same sizes, 4 KiB batch-1 latency beside `ib_write_lat` (and `ib_read_lat`), and the
-/// CPU an idle target and initiator use with their endpoints open. Prints the ratios;
-/// reported, never fatal.
-fn rdma_in_guest(exe: &Path, duration: f64) {
-    if deps(&[Group::Guest]).is_err() {
-        eprintln!("xtask: no Soft-RoCE guest here; RDMA not measured");
-        return;
-    }
-    let secs = duration.max(2.0);
-    let script = format!(
-        r#"B='{exe}'
-tern() {{ echo "TERN $1 $2 $3 $($B --mode=loopback --protocol=rdma --device_name=rxe0 --operation=$1 --block_size=$2 --batch_size=$3 --threads=1 --duration={secs} --buffer_size=268435456 --json $4 2>/dev/null | tail -1)"; }}
-perf() {{ $1 -d rxe0 -s $2 -D {secs} -F >/dev/null 2>&1 & sleep 2; echo "PERF $1 $2 $($1 -d rxe0 -s $2 -D {secs} -F 10.77.0.1 2>&1 | awk -v s=$2 '$1 == s {{print $4}}')"; wait; }}
-lat() {{ $1 -d rxe0 -s 4096 -n 3000 -F >/dev/null 2>&1 & sleep 2; echo "LAT $1 $($1 -d rxe0 -s 4096 -n 3000 -F 10.77.0.1 2>&1 | awk '$1 == 4096 {{print $5}}')"; wait; }}
-for size in 65536 1048576; do
-  tern write $size 128; perf ib_write_bw $size
-  tern read $size 128; perf ib_read_bw $size
-done
-tern write 4096 1; lat ib_write_lat; lat ib_read_lat
-tern read 4096 1
-tern write 65536 1 --idle_seconds=10
-"#,
-        exe = exe.display()
-    );
-    println!(
-        "
-RDMA on Soft-RoCE (rxe0 in the guest, loopback, one initiator thread; perftest in the same boot):
-"
-    );
-    let outcome = softroce::run(
-        &root(),
-        &softroce::GuestRun {
-            command: &script,
-            forward_env: guest_env(),
-            timeout: Duration::from_secs(1800),
-            capture: true,
-        },
-    );
-    let output = match outcome {
-        Ok((0, output)) => output,
-        other => {
-            eprintln!("xtask: the RDMA benchmark in the guest failed: {other:?}");
-            return;
-        }
-    };
-    let mut tern: Vec<(String, usize, usize, String)> = Vec::new();
-    let mut perf: Vec<(String, usize, f64)> = Vec::new();
-    let mut lat: Vec<(String, f64)> = Vec::new();
-    for line in output.lines() {
-        let fields: Vec<&str> = line.splitn(5, ' ').collect();
-        match fields.as_slice() {
-            ["TERN", op, size, batch, json] => {
-                if let (Ok(size), Ok(batch)) = (size.parse(), batch.parse()) {
-                    tern.push((op.to_string(), size, batch, json.to_string()));
-                }
-            }
-            ["PERF", tool, size, mibps] => {
-                if let (Ok(size), Ok(mibps)) = (size.parse(), mibps.trim().parse::<f64>()) {
-                    // perftest's MB is 2^20 bytes.
-                    perf.push((tool.to_string(), size, mibps * 1_048_576.0 / 1e6));
-                }
-            }
-            ["LAT", tool, usec] => {
-                if let Ok(usec) = usec.trim().parse() {
-                    lat.push((tool.to_string(), usec));
-                }
-            }
-            _ => {}
-        }
-    }
-    let tern_of = |op: &str, size: usize, batch: usize| {
-        tern.iter()
-            .find(|t| t.0 == op && t.1 == size && t.2 == batch)
-            .map(|t| t.3.clone())
-    };
-    println!("| operation | block | tern MB/s | perftest MB/s | ratio | goal |");
-    println!("|---|---|---|---|---|---|");
-    for size in [65536usize, 1 << 20] {
-        for (op, tool) in [("write", "ib_write_bw"), ("read", "ib_read_bw")] {
-            let ours = tern_of(op, size, 128).and_then(|j| json_number(&j, "gbps"));
-            let theirs = perf
-                .iter()
-                .find(|p| p.0 == tool && p.1 == size)
-                .map(|p| p.2);
-            match (ours, theirs) {
-                (Some(ours), Some(theirs)) => {
-                    let ratio = ours * 1e3 / theirs;
-                    println!(
-                        "| {op} | {} KiB | {:.1} | {theirs:.1} ({tool}) | {ratio:.2} | >= 0.9 {} |",
-                        size / 1024,
-                        ours * 1e3,
-                        if ratio >= 0.9 { "met" } else { "MISSED" }
-                    );
-                }
-                _ => println!("| {op} | {} KiB | missing | missing | | |", size / 1024),
-            }
-        }
-    }
-    let write_lat = tern_of("write", 4096, 1).and_then(|j| json_number(&j, "p50_latency_us"));
-    let read_lat = tern_of("read", 4096, 1).and_then(|j| json_number(&j, "p50_latency_us"));
-    let perf_lat = |tool: &str| lat.iter().find(|l| l.0 == tool).map(|l| l.1);
-    if let (Some(ours), Some(half_rtt)) = (write_lat, perf_lat("ib_write_lat")) {
-        let ratio = ours / half_rtt;
-        println!(
-            "
-4 KiB, batch 1, p50: Tern write {ours:.1} us vs ib_write_lat t_typical {half_rtt:.1} us: ratio {ratio:.2} (goal <= 1.5 {})",
-            if ratio <= 1.5 { "met" } else { "MISSED" }
-        );
-        println!(
-            "  ib_write_lat reports half a ping-pong round trip; a Tern write completes after the peer's ACK, a full round trip."
-        );
-    }
-    if let (Some(ours), Some(rtt)) = (read_lat, perf_lat("ib_read_lat")) {
-        println!(
-            "4 KiB, batch 1, p50: Tern read {ours:.1} us vs ib_read_lat t_typical (a full round trip) {rtt:.1} us: ratio {:.2}",
-            ours / rtt
-        );
-    }
-    if let Some(json) = tern_of("write", 65536, 1) {
-        println!(
-            "idle for 10 s with endpoints open: initiator {:.2}% of a core, target {:.2}% (goal < 1%)",
-            json_number(&json, "idle_cpu_initiator_pct").unwrap_or(f64::NAN),
-            json_number(&json, "idle_cpu_target_pct").unwrap_or(f64::NAN)
-        );
-    }
-}
-
-/// Registration cost per MiB on Soft-RoCE, measured in the guest; reported, never fatal.
-fn registration_cost_in_guest() {
-    let mut build = cargo();
-    build.args([
-        "build",
-        "--release",
-        "-p",
-        "tern-verbs",
-        "--example",
-        "registration_cost",
-    ]);
-    if run(build, "building registration_cost").is_err() {
-        return;
-    }
-    if deps(&[Group::Guest]).is_err() {
-        eprintln!("xtask: no Soft-RoCE guest here; registration cost not measured");
-        return;
-    }
-    let exe = root().join("target/release/examples/registration_cost");
-    let command = exe.display().to_string();
-    println!("\nMemory registration on Soft-RoCE (in the guest):\n");
-    let outcome = softroce::run(
-        &root(),
-        &softroce::GuestRun {
-            command: &command,
-            forward_env: Vec::new(),
-            timeout: Duration::from_secs(900),
-            capture: false,
-        },
-    );
-    if !matches!(outcome, Ok((0, _))) {
-        eprintln!("xtask: registration cost run failed: {outcome:?}");
-    }
 }
 
 /// The test executables `cargo test --no-run --message-format=json ARGS` builds.
@@ -647,129 +452,10 @@ fn softroce_command(args: &[String]) -> Result<(), String> {
     }
 }
 
-fn json_number(json: &str, key: &str) -> Option<f64> {
+/// A number field of a one-line JSON object (what tern-bench and tern-soak print).
+pub(crate) fn json_number(json: &str, key: &str) -> Option<f64> {
     let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
     let rest = &json[at..];
     let end = rest.find([',', '}']).unwrap_or(rest.len());
     rest[..end].trim().parse().ok()
-}
-
-fn bench(args: &[String]) -> Result<(), String> {
-    let quick = args.iter().any(|a| a == "--quick");
-    if let Err(e) = deps(&[Group::Bench]) {
-        eprintln!("xtask: going on without the optional bench packages: {e}");
-    }
-    let duration = args
-        .windows(2)
-        .find(|w| w[0] == "--duration")
-        .and_then(|w| w[1].parse::<f64>().ok())
-        .unwrap_or(if quick { 2.0 } else { 5.0 });
-    let mut build = cargo();
-    build.args(["build", "--release", "-p", "tern-bench"]);
-    run(build, "cargo build --release -p tern-bench")?;
-    let exe = root().join("target/release/tern-bench");
-    if args.iter().any(|a| a == "--rdma-only") {
-        rdma_in_guest(&exe, duration);
-        return Ok(());
-    }
-    if args.iter().any(|a| a == "--python-only") {
-        wheel::bench(&exe, duration);
-        return Ok(());
-    }
-
-    let before = tcp_baseline(duration.min(3.0))?;
-    let mut rows = Vec::new();
-    for block in [65536usize, 1 << 20] {
-        for op in ["read", "write"] {
-            let mut command = Command::new(&exe);
-            command.args([
-                "--mode=loopback",
-                &format!("--operation={op}"),
-                "--protocol=tcp",
-                &format!("--block_size={block}"),
-                "--batch_size=128",
-                "--threads=1",
-                &format!("--duration={duration}"),
-                "--buffer_size=268435456",
-                "--json",
-            ]);
-            eprintln!("xtask: tern-bench loopback {op} {} KiB", block / 1024);
-            let output = command.output().map_err(|e| format!("tern-bench: {e}"))?;
-            let stdout = String::from_utf8_lossy(&output.stdout).to_string();
-            if !output.status.success() {
-                return Err(format!(
-                    "tern-bench {op} {block}: {}\n{}",
-                    output.status,
-                    String::from_utf8_lossy(&output.stderr)
-                ));
-            }
-            let gbps = json_number(&stdout, "gbps").ok_or("tern-bench printed no gbps")?;
-            let p50 = json_number(&stdout, "p50_latency_us").unwrap_or(0.0);
-            rows.push((op, block, gbps, p50, stdout.trim().to_owned()));
-        }
-    }
-    let after = tcp_baseline(duration.min(3.0))?;
-    let baseline = (before + after) / 2.0;
-
-    println!(
-        "\nTCP loopback baseline (1 stream, 1 MiB writes): {before:.2} GB/s before, {after:.2} GB/s after, mean {baseline:.2} GB/s\n"
-    );
-    println!(
-        "| operation | block | threads | tern GB/s | p50 batch latency | ratio to baseline | goal |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    for (op, block, gbps, p50, _) in &rows {
-        let goal = if *block >= 1 << 20 { 0.8 } else { 0.6 };
-        let ratio = gbps / baseline;
-        println!(
-            "| {op} | {} KiB | 1 | {gbps:.2} | {:.0} us | {ratio:.2} | >= {goal} {} |",
-            block / 1024,
-            p50,
-            if ratio >= goal { "met" } else { "MISSED" }
-        );
-    }
-    match start_etcd(None) {
-        Ok(etcd) => {
-            let output = Command::new(&exe)
-                .args([
-                    "--mode=watch-latency",
-                    &format!("--metadata_server=etcd://{}", etcd.endpoint),
-                ])
-                .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-                .output()
-                .map_err(|e| format!("tern-bench: {e}"))?;
-            let stdout = String::from_utf8_lossy(&output.stdout);
-            match json_number(&stdout, "median_ms") {
-                Some(median) => println!(
-                    "\nA descriptor change reaches a watching node (etcd on loopback, 20 changes): median {median:.1} ms, p90 {:.1} ms, max {:.1} ms (goal: median < 100 ms)",
-                    json_number(&stdout, "p90_ms").unwrap_or(f64::NAN),
-                    json_number(&stdout, "max_ms").unwrap_or(f64::NAN)
-                ),
-                None => eprintln!(
-                    "xtask: watch latency failed: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                ),
-            }
-        }
-        Err(e) => eprintln!("xtask: skipping the etcd watch latency: {e}"),
-    }
-    let report = root().join("target/tern-bench-results.jsonl");
-    let lines: Vec<String> = rows.iter().map(|r| r.4.clone()).collect();
-    let _ = std::fs::write(&report, lines.join("\n") + "\n");
-    println!("\nraw results: {}", report.display());
-
-    wheel::bench(&exe, duration);
-    rdma_in_guest(&exe, duration);
-
-    let mut pretouch = cargo();
-    pretouch.args(["bench", "-p", "tern-bench", "--bench", "pretouch"]);
-    run(pretouch, "parallel pre-touch vs memset (4 GiB)")?;
-    registration_cost_in_guest();
-
-    let mut criterion = cargo();
-    criterion.args(["bench", "-p", "tern-bench", "--bench", "engine", "--"]);
-    if quick {
-        criterion.args(["--warm-up-time", "1", "--measurement-time", "2"]);
-    }
-    run(criterion, "criterion benches")
 }

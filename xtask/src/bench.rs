@@ -1,0 +1,562 @@
+//! `cargo xtask bench`: Tern beside baselines that do the same work, measured in the same run,
+//! reported as ratios.
+//!
+//! - TCP on loopback, a small-message profile: 4 KiB, 16 KiB, 64 KiB and 1 MiB, read and
+//!   write, batch 1 and batch 128, one initiator thread; each row beside a baseline from
+//!   xtask itself ([`crate::baseline`]) — as many streams as Tern has lanes, two processes,
+//!   buffers as large as Tern's, for throughput; one connection's request–reply round trip of
+//!   the same block for latency. Message rate, p50/p99, GB/s and CPU-µs per GB of both
+//!   processes.
+//! - The cost of a cluster secret on the 64 KiB rows.
+//! - RDMA in one Soft-RoCE guest boot: the same profile beside perftest with as many QPs as
+//!   Tern uses (`-q 2` for `MC_NUM_QP_PER_EP` 2, and `-q 1` beside Tern with 1), latency
+//!   beside `ib_read_lat`/`ib_write_lat`, and the CPU an idle engine uses.
+//! - The Python rows, the etcd watch latency, pre-touch, registration cost and the criterion
+//!   microbenchmarks, with the engine's instruction count per slice (callgrind).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::{Group, baseline, cargo, deps, json_number, root, run, softroce, start_etcd, wheel};
+
+/// Block sizes of the profile.
+const SIZES: [usize; 4] = [4 << 10, 16 << 10, 64 << 10, 1 << 20];
+/// Tern's buffer (and the baselines') in the TCP runs.
+const TCP_BUFFER: usize = 256 << 20;
+/// TCP lanes per peer in these runs (Tern's default on this machine's core count), and so
+/// the baseline's streams.
+fn tcp_lanes() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 8)
+}
+
+/// One `tern-bench --mode loopback` run; its JSON line.
+fn tern(exe: &Path, args: &[String], env: &[(&str, String)]) -> Result<String, String> {
+    let mut command = Command::new(exe);
+    command.arg("--mode=loopback").arg("--json").args(args);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let output = command.output().map_err(|e| format!("tern-bench: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    if !output.status.success() {
+        return Err(format!(
+            "tern-bench {args:?}: {}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(stdout.lines().last().unwrap_or_default().to_owned())
+}
+
+fn tcp_args(op: &str, block: usize, batch: usize, duration: f64) -> Vec<String> {
+    vec![
+        format!("--operation={op}"),
+        "--protocol=tcp".into(),
+        format!("--block_size={block}"),
+        format!("--batch_size={batch}"),
+        "--threads=1".into(),
+        format!("--duration={duration}"),
+        format!("--buffer_size={TCP_BUFFER}"),
+    ]
+}
+
+fn kib(block: usize) -> String {
+    if block >= 1 << 20 {
+        format!("{} MiB", block >> 20)
+    } else {
+        format!("{} KiB", block >> 10)
+    }
+}
+
+fn ratio_mark(ratio: f64, goal: Option<f64>, higher_is_better: bool) -> String {
+    match goal {
+        None => format!("{ratio:.2}"),
+        Some(goal) => {
+            let met = if higher_is_better {
+                ratio >= goal
+            } else {
+                ratio <= goal
+            };
+            format!(
+                "{ratio:.2} ({} {goal} {})",
+                if higher_is_better { ">=" } else { "<=" },
+                if met { "met" } else { "MISSED" }
+            )
+        }
+    }
+}
+
+/// A profile row from a tern-bench JSON line: msgs/s, p50, p99, GB/s, CPU-µs/GB.
+fn row(json: &str) -> (f64, f64, f64, f64, f64) {
+    let n = |k: &str| json_number(json, k).unwrap_or(f64::NAN);
+    (
+        n("messages_per_s"),
+        n("p50_latency_us"),
+        n("p99_latency_us"),
+        n("gbps"),
+        n("cpu_us_per_gb"),
+    )
+}
+
+/// The TCP profile; returns the raw JSON lines.
+fn tcp_profile(exe: &Path, duration: f64) -> Result<Vec<String>, String> {
+    let lanes = tcp_lanes();
+    let lanes_env = [("MC_TCP_LANES_PER_PEER", lanes.to_string())];
+    println!(
+        "\nTCP on loopback, one initiator thread, {lanes} lanes, {} MiB buffers, {duration} s per run. \
+         Throughput baseline: {lanes} TCP streams between two processes, the same block size and buffers; \
+         latency baseline: one connection's request-reply round trip of the same block, two processes.\n",
+        TCP_BUFFER >> 20
+    );
+    println!(
+        "| op | block | batch | msgs/s | p50 us | p99 us | GB/s | CPU us/GB | baseline | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut raw = Vec::new();
+    for block in SIZES {
+        let stream = baseline::stream(lanes, TCP_BUFFER, block, duration.min(3.0))?;
+        for op in ["read", "write"] {
+            let (p50_base, p99_base) =
+                baseline::round_trip(op == "read", TCP_BUFFER, block, duration.min(2.0))?;
+            for batch in [1usize, 128] {
+                let json = tern(exe, &tcp_args(op, block, batch, duration), &lanes_env)?;
+                let (rate, p50, p99, gbps, cpu) = row(&json);
+                let (base, ratio) = if batch == 1 {
+                    (
+                        format!("RTT p50 {p50_base:.1} us, p99 {p99_base:.1} us"),
+                        ratio_mark(p50 / p50_base, None, false),
+                    )
+                } else {
+                    let goal = match block {
+                        b if b >= 1 << 20 => Some(1.0),
+                        b if b >= 64 << 10 => Some(0.9),
+                        _ => None,
+                    };
+                    (
+                        format!(
+                            "{lanes} streams {:.2} GB/s, {:.0} CPU us/GB",
+                            stream.gbps, stream.cpu_us_per_gb
+                        ),
+                        ratio_mark(gbps / stream.gbps, goal, true),
+                    )
+                };
+                println!(
+                    "| {op} | {} | {batch} | {rate:.0} | {p50:.1} | {p99:.1} | {gbps:.2} | {cpu:.0} | {base} | {ratio} |",
+                    kib(block)
+                );
+                raw.push(json);
+            }
+        }
+    }
+    Ok(raw)
+}
+
+/// The 64 KiB TCP rows with and without a cluster secret, alternating, three times each.
+fn secret_cost(exe: &Path, duration: f64) -> Result<(), String> {
+    let lanes_env = [("MC_TCP_LANES_PER_PEER", tcp_lanes().to_string())];
+    println!("\nThe cost of a cluster secret (64 KiB, batch 128, TCP, alternating runs):\n");
+    for op in ["read", "write"] {
+        let mut plain = Vec::new();
+        let mut secured = Vec::new();
+        for _ in 0..3 {
+            let args = tcp_args(op, 64 << 10, 128, duration.min(3.0));
+            plain.push(row(&tern(exe, &args, &lanes_env)?).3);
+            let mut with = args.clone();
+            with.push("--cluster_secret=bench-secret".into());
+            secured.push(row(&tern(exe, &with, &lanes_env)?).3);
+        }
+        let show = |v: &[f64]| {
+            v.iter()
+                .map(|g| format!("{g:.2}"))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        println!(
+            "{op}: without {} GB/s, with {} GB/s (means {:.2} and {:.2}: ratio {:.2})",
+            show(&plain),
+            show(&secured),
+            mean(&plain),
+            mean(&secured),
+            mean(&secured) / mean(&plain)
+        );
+    }
+    Ok(())
+}
+
+fn watch_latency(exe: &Path) {
+    let etcd = match start_etcd(None) {
+        Ok(etcd) => etcd,
+        Err(e) => return eprintln!("xtask: skipping the etcd watch latency: {e}"),
+    };
+    let output = Command::new(exe)
+        .args([
+            "--mode=watch-latency",
+            &format!("--metadata_server=etcd://{}", etcd.endpoint),
+        ])
+        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        .output();
+    let Ok(output) = output else {
+        return eprintln!("xtask: watch latency could not start");
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    match json_number(&stdout, "median_ms") {
+        Some(median) => println!(
+            "\nA descriptor change reaches a watching node (etcd on loopback, 20 changes): median {median:.1} ms, p90 {:.1} ms, max {:.1} ms (goal: median < 100 ms)",
+            json_number(&stdout, "p90_ms").unwrap_or(f64::NAN),
+            json_number(&stdout, "max_ms").unwrap_or(f64::NAN)
+        ),
+        None => eprintln!(
+            "xtask: watch latency failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    }
+}
+
+/// The guest script of the RDMA profile: one `TERN`, `PERF` or `LAT` line per measurement.
+fn rdma_script(exe: &Path, secs: f64) -> String {
+    let sizes = SIZES.map(|s| s.to_string()).join(" ");
+    format!(
+        r#"B='{exe}'
+TIMEFORMAT='%U %S'
+# $4: QPs per endpoint.
+tern() {{ echo "TERN $1 $2 $3 $4 $(MC_NUM_QP_PER_EP=$4 $B --mode=loopback --protocol=rdma --device_name=rxe0 --operation=$1 --block_size=$2 --batch_size=$3 --threads=1 --duration={secs} --buffer_size=67108864 --json $5 2>/dev/null | tail -1)"; }}
+# perftest with the same QPs; CPU of both sides from bash's time.
+perf() {{ {{ time $1 -d rxe0 -s $2 -q $3 -D {secs} -F >/dev/null 2>&1 ; }} 2>/tmp/srv.cpu & sleep 2
+  out=$({{ time $1 -d rxe0 -s $2 -q $3 -D {secs} -F 10.77.0.1 2>&1 ; }} 2>/tmp/cli.cpu); wait
+  echo "PERF $1 $2 $3 $(echo "$out" | awk -v s=$2 '$1 == s {{print $4}}') $(cat /tmp/srv.cpu /tmp/cli.cpu | awk '{{c += $1 + $2}} END {{print c}}')"; }}
+lat() {{ $1 -d rxe0 -s $2 -n 1000 -F >/dev/null 2>&1 & sleep 2; echo "LAT $1 $2 $($1 -d rxe0 -s $2 -n 1000 -F 10.77.0.1 2>&1 | awk -v s=$2 '$1 == s {{print $5, $8}}')"; wait; }}
+for size in {sizes}; do
+  for op in write read; do
+    tern $op $size 1 2; tern $op $size 128 2
+    perf ib_${{op}}_bw $size 2
+    lat ib_${{op}}_lat $size
+  done
+done
+for size in 65536 1048576; do
+  for op in write read; do
+    tern $op $size 128 1
+    perf ib_${{op}}_bw $size 1
+  done
+done
+tern write 65536 1 2 --idle_seconds=10
+"#,
+        exe = exe.display()
+    )
+}
+
+/// A Tern run in the guest: (operation, block, batch, QPs per endpoint).
+type TernKey = (String, usize, usize, usize);
+/// A perftest bandwidth run: (tool, block, QPs); its value is (MB/s, CPU seconds).
+type PerfKey = (String, usize, usize);
+
+/// The RDMA profile in one guest boot; reported, never fatal.
+fn rdma_in_guest(exe: &Path, duration: f64) {
+    if deps(&[Group::Guest]).is_err() {
+        eprintln!("xtask: no Soft-RoCE guest here; RDMA not measured");
+        return;
+    }
+    let secs = duration.max(2.0);
+    println!(
+        "\nRDMA on Soft-RoCE (rxe0 in the guest, loopback, one initiator thread, {secs} s per run; perftest in the same boot with the same QPs; perftest's MB is 2^20 bytes, converted to 10^6):\n"
+    );
+    let outcome = softroce::run(
+        &root(),
+        &softroce::GuestRun {
+            command: &rdma_script(exe, secs),
+            forward_env: crate::guest_env(),
+            timeout: Duration::from_secs(3600),
+            capture: true,
+        },
+    );
+    let output = match outcome {
+        Ok((0, output)) => output,
+        other => return eprintln!("xtask: the RDMA benchmark in the guest failed: {other:?}"),
+    };
+    let mut terns: Vec<(TernKey, String)> = Vec::new();
+    let mut perfs: Vec<(PerfKey, (f64, f64))> = Vec::new();
+    let mut lats: Vec<((String, usize), (f64, f64))> = Vec::new();
+    for line in output.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let num = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+        match fields.first() {
+            Some(&"TERN") if fields.len() >= 6 => {
+                if let (Some(size), Some(batch), Some(qps)) = (num(2), num(3), num(4)) {
+                    let json = line.splitn(6, ' ').nth(5).unwrap_or_default().to_owned();
+                    terns.push((
+                        (
+                            fields[1].to_owned(),
+                            size as usize,
+                            batch as usize,
+                            qps as usize,
+                        ),
+                        json,
+                    ));
+                }
+            }
+            Some(&"PERF") => {
+                if let (Some(size), Some(qps), Some(mib), Some(cpu)) =
+                    (num(2), num(3), num(4), num(5))
+                {
+                    perfs.push((
+                        (fields[1].to_owned(), size as usize, qps as usize),
+                        (mib * 1_048_576.0 / 1e6, cpu),
+                    ));
+                }
+            }
+            Some(&"LAT") => {
+                if let (Some(size), Some(typ), Some(p99)) = (num(2), num(3), num(4)) {
+                    lats.push(((fields[1].to_owned(), size as usize), (typ, p99)));
+                }
+            }
+            _ => {}
+        }
+    }
+    let tern_of = |op: &str, size: usize, batch: usize, qps: usize| {
+        terns
+            .iter()
+            .find(|(k, _)| k.0 == op && k.1 == size && k.2 == batch && k.3 == qps)
+            .map(|(_, j)| j.clone())
+    };
+    let perf_of = |tool: &str, size: usize, qps: usize| {
+        perfs
+            .iter()
+            .find(|(k, _)| k.0 == tool && k.1 == size && k.2 == qps)
+            .map(|(_, v)| *v)
+    };
+    let lat_of = |tool: &str, size: usize| {
+        lats.iter()
+            .find(|(k, _)| k.0 == tool && k.1 == size)
+            .map(|(_, v)| *v)
+    };
+    println!(
+        "| op | block | batch | msgs/s | p50 us | p99 us | MB/s | CPU us/GB | baseline | ratio |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for size in SIZES {
+        for op in ["write", "read"] {
+            let bw = format!("ib_{op}_bw");
+            let lat = format!("ib_{op}_lat");
+            for batch in [1usize, 128] {
+                let Some(json) = tern_of(op, size, batch, 2) else {
+                    println!("| {op} | {} | {batch} | missing | | | | | | |", kib(size));
+                    continue;
+                };
+                let (rate, p50, p99, gbps, cpu) = row(&json);
+                let (base, ratio) = if batch == 1 {
+                    match lat_of(&lat, size) {
+                        // ib_write_lat reports half a ping-pong round trip; a Tern write ends
+                        // with the peer's ACK, a whole round trip: compare with twice it.
+                        Some((typ, p99_base)) => {
+                            let rtt = if op == "write" { 2.0 * typ } else { typ };
+                            let goal = (size == 4 << 10).then_some(1.3);
+                            (
+                                format!(
+                                    "{lat} round trip {rtt:.1} us (p99 {:.1})",
+                                    if op == "write" {
+                                        2.0 * p99_base
+                                    } else {
+                                        p99_base
+                                    }
+                                ),
+                                ratio_mark(p50 / rtt, goal, false),
+                            )
+                        }
+                        None => ("missing".into(), String::new()),
+                    }
+                } else {
+                    match perf_of(&bw, size, 2) {
+                        Some((mbps, cpu_s)) => {
+                            let goal = match size {
+                                s if s == 4 << 10 => Some(0.8),
+                                s if s == 64 << 10 => Some(0.95),
+                                _ => None,
+                            };
+                            let base_cpu = cpu_s * 1e6 / (mbps * 1e6 * secs / 1e9);
+                            (
+                                format!("{bw} -q 2 {mbps:.1} MB/s, {base_cpu:.0} CPU us/GB"),
+                                ratio_mark(gbps * 1e3 / mbps, goal, true),
+                            )
+                        }
+                        None => ("missing".into(), String::new()),
+                    }
+                };
+                println!(
+                    "| {op} | {} | {batch} | {rate:.0} | {p50:.1} | {p99:.1} | {:.1} | {cpu:.0} | {base} | {ratio} |",
+                    kib(size),
+                    gbps * 1e3
+                );
+            }
+        }
+    }
+    println!("\nOne QP per endpoint (MC_NUM_QP_PER_EP=1) beside perftest -q 1, batch 128:\n");
+    println!("| op | block | Tern MB/s | perftest MB/s | ratio |");
+    println!("|---|---|---|---|---|");
+    for size in [64usize << 10, 1 << 20] {
+        for op in ["write", "read"] {
+            let ours = tern_of(op, size, 128, 1).map(|j| row(&j).3 * 1e3);
+            let theirs = perf_of(&format!("ib_{op}_bw"), size, 1).map(|p| p.0);
+            match (ours, theirs) {
+                (Some(a), Some(b)) => println!(
+                    "| {op} | {} | {a:.1} | {b:.1} (ib_{op}_bw -q 1) | {:.2} |",
+                    kib(size),
+                    a / b
+                ),
+                _ => println!("| {op} | {} | missing | missing | |", kib(size)),
+            }
+        }
+    }
+    if let Some(json) = terns
+        .iter()
+        .find(|(k, j)| {
+            k.0 == "write" && k.1 == 65536 && json_number(j, "idle_cpu_initiator_pct").is_some()
+        })
+        .map(|(_, j)| j)
+    {
+        println!(
+            "\nidle for 10 s with endpoints open: initiator {:.2}% of a core, target {:.2}% (goal < 1%)",
+            json_number(json, "idle_cpu_initiator_pct").unwrap_or(f64::NAN),
+            json_number(json, "idle_cpu_target_pct").unwrap_or(f64::NAN)
+        );
+    }
+}
+
+/// Registration cost per MiB on Soft-RoCE, measured in the guest; reported, never fatal.
+fn registration_cost_in_guest() {
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "tern-verbs",
+        "--example",
+        "registration_cost",
+    ]);
+    if run(build, "building registration_cost").is_err() {
+        return;
+    }
+    if deps(&[Group::Guest]).is_err() {
+        eprintln!("xtask: no Soft-RoCE guest here; registration cost not measured");
+        return;
+    }
+    let exe = root().join("target/release/examples/registration_cost");
+    let command = exe.display().to_string();
+    println!("\nMemory registration on Soft-RoCE (in the guest):\n");
+    let outcome = softroce::run(
+        &root(),
+        &softroce::GuestRun {
+            command: &command,
+            forward_env: Vec::new(),
+            timeout: Duration::from_secs(900),
+            capture: false,
+        },
+    );
+    if !matches!(outcome, Ok((0, _))) {
+        eprintln!("xtask: registration cost run failed: {outcome:?}");
+    }
+}
+
+/// Instructions the engine spends per slice (callgrind: 120 batches minus 20, of 128
+/// slices each), where valgrind is installed; a figure the machine's load does not move.
+fn instructions_per_slice() {
+    let mut build = cargo();
+    build.args([
+        "build",
+        "--release",
+        "-p",
+        "tern-bench",
+        "--example",
+        "slice_cost",
+    ]);
+    if run(build, "building slice_cost").is_err() {
+        return;
+    }
+    let exe = root().join("target/release/examples/slice_cost");
+    let count = |batches: u32| -> Option<f64> {
+        let out = root().join(format!("target/callgrind.slice_cost.{batches}"));
+        let output = Command::new("valgrind")
+            .arg("--tool=callgrind")
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .arg(&exe)
+            .arg(batches.to_string())
+            .env("TERN_WAIT_SPIN_US", "0")
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&output.stderr);
+        let line = text.lines().find(|l| l.contains("Collected :"))?;
+        line.rsplit(':')
+            .next()?
+            .trim()
+            .replace(',', "")
+            .parse()
+            .ok()
+    };
+    match (count(20), count(120)) {
+        (Some(a), Some(b)) => println!(
+            "\nEngine instructions per 64 KiB slice (batch of 128, a transport completing on another thread; callgrind): {:.0}",
+            (b - a) / (100.0 * 128.0)
+        ),
+        _ => eprintln!("xtask: no valgrind here; instructions per slice not counted"),
+    }
+}
+
+pub(crate) fn command(args: &[String]) -> Result<(), String> {
+    let quick = args.iter().any(|a| a == "--quick");
+    if let Err(e) = deps(&[Group::Bench]) {
+        eprintln!("xtask: going on without the optional bench packages: {e}");
+    }
+    let duration = args
+        .windows(2)
+        .find(|w| w[0] == "--duration")
+        .and_then(|w| w[1].parse::<f64>().ok())
+        .unwrap_or(if quick { 2.0 } else { 5.0 });
+    let mut build = cargo();
+    build.args(["build", "--release", "-p", "tern-bench"]);
+    run(build, "cargo build --release -p tern-bench")?;
+    let exe = root().join("target/release/tern-bench");
+    if args.iter().any(|a| a == "--rdma-only") {
+        rdma_in_guest(&exe, duration);
+        return Ok(());
+    }
+    if args.iter().any(|a| a == "--python-only") {
+        wheel::bench(&exe, duration);
+        return Ok(());
+    }
+    let raw = tcp_profile(&exe, duration)?;
+    if args.iter().any(|a| a == "--tcp-only") {
+        return Ok(());
+    }
+    secret_cost(&exe, duration)?;
+    watch_latency(&exe);
+    let report = root().join("target/tern-bench-results.jsonl");
+    let _ = std::fs::write(&report, raw.join("\n") + "\n");
+    println!("\nraw TCP results: {}", report.display());
+
+    wheel::bench(&exe, duration);
+    rdma_in_guest(&exe, duration);
+
+    let mut pretouch = cargo();
+    pretouch.args(["bench", "-p", "tern-bench", "--bench", "pretouch"]);
+    run(pretouch, "parallel pre-touch vs memset (4 GiB)")?;
+    registration_cost_in_guest();
+    instructions_per_slice();
+
+    let mut criterion = cargo();
+    criterion.args([
+        "bench",
+        "-p",
+        "tern-bench",
+        "--bench",
+        "engine",
+        "--bench",
+        "slices",
+        "--",
+    ]);
+    if quick {
+        criterion.args(["--warm-up-time", "1", "--measurement-time", "2"]);
+    }
+    run(criterion, "criterion benches")
+}
