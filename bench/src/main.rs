@@ -11,8 +11,8 @@ mod service;
 
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::process::{Command, ExitCode, Stdio};
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
@@ -20,6 +20,7 @@ use tern_engine::{
     BatchState, EngineStats, OwnedBuffer, SegmentId, TransferEngine, TransferRequest,
     TransportStats,
 };
+use tern_metadata::http::{METRICS_PATH, MetricsServer, RenderMetrics};
 use tern_transport_rdma::topology::parse_device_list;
 use tern_transport_rdma::{RdmaConfig, RdmaTransport};
 use tern_transport_tcp::{TcpConfig, TcpTransport};
@@ -117,6 +118,10 @@ struct Args {
     /// open, as `--mode loopback` does).
     #[arg(long = "stop_on_stdin_eof")]
     stop_on_stdin_eof: bool,
+    /// Target: serve this engine's metrics (Prometheus text) at `http://ADDR/metrics`; port 0
+    /// picks one. The address is printed as `metrics: <url>`, after the segment line.
+    #[arg(long = "metrics_addr")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// The initiator's run time when `--duration` is not given.
@@ -155,6 +160,9 @@ fn run(args: &Args) -> Result<(), String> {
         return Err("--block_size is larger than --buffer_size".into());
     }
     enough_memory(args, available_memory())?;
+    if args.metrics_addr.is_some() && args.mode != Mode::Target {
+        return Err("--metrics_addr is for --mode target".into());
+    }
     match args.mode {
         Mode::Target => run_target(args),
         Mode::Initiator => {
@@ -289,13 +297,37 @@ fn run_target(args: &Args) -> Result<(), String> {
     if args.stop_on_stdin_eof {
         stop.on_stdin_eof()?;
     }
-    let engine = engine(args, None)?;
+    let engine = Arc::new(engine(args, None)?);
     let buffer = engine
         .allocate(args.buffer_size, "cpu:0")
         .map_err(|e| format!("allocating the buffer: {e}"))?;
     fill_pattern(&buffer)?;
-    println!("segment: {}", engine.segment_name());
-    std::io::stdout().flush().map_err(|e| e.to_string())?;
+    let metrics = match args.metrics_addr {
+        Some(addr) => {
+            let engine = Arc::downgrade(&engine);
+            let render: RenderMetrics = Arc::new(move || {
+                engine
+                    .upgrade()
+                    .map(|engine| engine.stats().prometheus())
+                    .unwrap_or_default()
+            });
+            let server = MetricsServer::start(addr, render)
+                .map_err(|e| format!("--metrics_addr {addr}: {e}"))?;
+            Some(server)
+        }
+        None => None,
+    };
+    // One write, so that a reader who takes only the first line still gets both.
+    let mut said = format!("segment: {}\n", engine.segment_name());
+    if let Some(server) = &metrics {
+        said += &format!("metrics: http://{}{METRICS_PATH}\n", server.local_addr());
+    }
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(said.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(|e| e.to_string())?;
+    drop(stdout);
     eprintln!(
         "tern-bench target: segment {} ({} bytes at {:#x}); run the initiator with --segment_id={}; stop with Ctrl-C or SIGTERM",
         engine.segment_name(),
@@ -308,6 +340,7 @@ fn run_target(args: &Args) -> Result<(), String> {
         "tern-bench target: {reason}; withdrawing segment {} and exiting",
         engine.segment_name()
     );
+    drop(metrics);
     // Dropping the engine closes its connections and deletes its keys (etcd, HTTP) at once.
     drop(engine);
     drop(buffer);

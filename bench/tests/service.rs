@@ -2,7 +2,7 @@
 //! they serve whatever their stdin is (here `/dev/null`, as for a job started with `&` from a
 //! script), and SIGINT or SIGTERM ends them cleanly: exit status 0, one line saying why, and
 //! the target's keys deleted at once (etcd, HTTP store). Also: `--mode loopback` shows the
-//! target's own error when the target cannot start.
+//! target's own error when the target cannot start; both serve their metrics.
 
 #[path = "support/target.rs"]
 mod support;
@@ -78,6 +78,82 @@ fn http(addr: &str, method: &str, key: &str, body: &str) -> (u16, String) {
         .map(|(_, body)| body.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// `GET /metrics` at `addr`; returns status and the text.
+fn metrics(addr: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let (head, text) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text.to_owned())
+}
+
+/// The value of the series `series` (name and labels as rendered) in Prometheus text.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+#[test]
+fn a_target_serves_its_metrics_at_metrics_addr() {
+    let mut target = Target::start(
+        &[
+            "--local_server_name=127.0.0.1",
+            "--buffer_size=16777216",
+            "--metrics_addr=127.0.0.1:0",
+        ],
+        &[],
+    );
+    let line = target.line();
+    let addr = line
+        .strip_prefix("metrics: http://")
+        .and_then(|rest| rest.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("no metrics line: {line:?}"))
+        .to_owned();
+    let (status, before) = metrics(&addr);
+    assert_eq!(status, 200, "{before}");
+    let served = "tern_served_read_bytes_total{transport=\"tcp\"}";
+    assert_eq!(metric(&before, served), Some(0.0), "{before}");
+    let result = initiator("P2PHANDSHAKE", &target.segment.clone(), "1");
+    let (_, after) = metrics(&addr);
+    let moved = result["bytes"].as_u64().unwrap() as f64;
+    assert!(moved > 0.0, "{result}");
+    // Every block the initiator counted, the target served (and perhaps a few more that
+    // were under way when it stopped counting).
+    assert!(
+        metric(&after, served).unwrap() >= moved,
+        "{after}\n{result}"
+    );
+    let (status, stderr) = target.stop("TERM");
+    assert_clean_stop(status, &stderr, "SIGTERM");
+}
+
+#[test]
+fn tern_metadata_server_serves_its_metrics() {
+    let (_server, addr) = metadata_server();
+    assert_eq!(http(&addr, "PUT", "a", "{\"a\":1}").0, 200);
+    assert_eq!(http(&addr, "GET", "b", "").0, 404);
+    let (status, text) = metrics(&addr);
+    assert_eq!(status, 200, "{text}");
+    let requests = |method: &str, status: &str| {
+        let series =
+            format!("tern_metadata_requests_total{{method=\"{method}\",status=\"{status}\"}}");
+        metric(&text, &series)
+    };
+    assert_eq!(requests("PUT", "200"), Some(1.0), "{text}");
+    assert_eq!(requests("GET", "404"), Some(1.0), "{text}");
+    assert_eq!(metric(&text, "tern_metadata_entries"), Some(1.0), "{text}");
 }
 
 #[test]

@@ -22,7 +22,8 @@ impl std::fmt::Debug for Hooks {
 use std::time::{Duration, Instant};
 
 use crate::error::{EngineError, TransferError};
-use crate::types::{BatchState, BatchStatus, TaskStatus, TransferStatus};
+use crate::stats::EngineCounters;
+use crate::types::{BatchState, BatchStatus, Opcode, TaskStatus, TransferStatus};
 
 const WAITING: u8 = 0;
 const PENDING: u8 = 1;
@@ -44,6 +45,11 @@ struct TaskState {
     /// per slice counts both.
     progress: AtomicU64,
     error: OnceLock<TransferError>,
+    /// For the latency histograms: when the task started (ns after the batch's origin), its
+    /// operation (0 read, 1 write) and length.
+    started_ns: AtomicU64,
+    write: AtomicBool,
+    len: AtomicU64,
 }
 
 impl TaskState {
@@ -68,6 +74,8 @@ pub(crate) struct BatchInner {
     /// How long `wait` polls before it sleeps: a transfer that ends within it is seen at
     /// once, without a condvar round trip.
     spin: Duration,
+    /// Where completed tasks' latencies go (none with metrics off).
+    timer: Option<Arc<EngineCounters>>,
     /// Hooks waiting for the batch to go idle; `has_hooks` lets finishers skip the lock
     /// when there are none (the common case).
     hooks: Mutex<Hooks>,
@@ -77,10 +85,14 @@ pub(crate) struct BatchInner {
 impl BatchInner {
     #[cfg(test)]
     pub(crate) fn new(capacity: usize) -> Self {
-        Self::with_spin(capacity, Duration::ZERO)
+        Self::timed(capacity, Duration::ZERO, None)
     }
 
-    pub(crate) fn with_spin(capacity: usize, spin: Duration) -> Self {
+    pub(crate) fn timed(
+        capacity: usize,
+        spin: Duration,
+        timer: Option<Arc<EngineCounters>>,
+    ) -> Self {
         Self {
             tasks: (0..capacity).map(|_| TaskState::default()).collect(),
             reserve: Mutex::new(0),
@@ -92,6 +104,7 @@ impl BatchInner {
             deadline_ns: AtomicU64::new(0),
             origin: Instant::now(),
             spin,
+            timer,
             hooks: Mutex::new(Hooks::default()),
             has_hooks: AtomicBool::new(false),
         }
@@ -126,9 +139,31 @@ impl BatchInner {
         self.submitted.fetch_max(up_to, Ordering::Release);
     }
 
-    pub(crate) fn start_task(&self, task: usize, slices: u32) {
+    /// The time tasks submitted now start at, for [`start_task`](Self::start_task): read
+    /// once per submit, not per task, and only when tasks are timed.
+    pub(crate) fn start_clock(&self) -> u64 {
+        if self.timer.is_some() {
+            self.origin.elapsed().as_nanos() as u64
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn start_task(
+        &self,
+        task: usize,
+        slices: u32,
+        opcode: Opcode,
+        len: usize,
+        started_ns: u64,
+    ) {
         let t = &self.tasks[task];
         t.slices_total.store(slices, Ordering::Relaxed);
+        if self.timer.is_some() {
+            t.started_ns.store(started_ns, Ordering::Relaxed);
+            t.write.store(opcode == Opcode::Write, Ordering::Relaxed);
+            t.len.store(len as u64, Ordering::Relaxed);
+        }
         t.state.store(PENDING, Ordering::Release);
     }
 
@@ -213,9 +248,25 @@ impl BatchInner {
         done == u64::from(t.slices_total.load(Ordering::Acquire))
     }
 
-    /// Moves `task` to Completed (if nothing ended it before).
-    pub(crate) fn complete_task(&self, task: usize) {
-        self.finish(task, COMPLETED);
+    /// Moves `task` to Completed (if nothing ended it before) and times it; `moved` is its
+    /// last slice's (transport, bytes) if that slice completed, counted with the timing.
+    pub(crate) fn complete_task(&self, task: usize, moved: Option<(usize, u64)>) {
+        let finished = self.finish(task, COMPLETED);
+        let Some(timer) = &self.timer else {
+            return;
+        };
+        let took = finished.then(|| {
+            let t = &self.tasks[task];
+            let took = (self.origin.elapsed().as_nanos() as u64)
+                .saturating_sub(t.started_ns.load(Ordering::Relaxed));
+            let opcode = if t.write.load(Ordering::Relaxed) {
+                Opcode::Write
+            } else {
+                Opcode::Read
+            };
+            (opcode, t.len.load(Ordering::Relaxed) as usize, took)
+        });
+        timer.task_done(moved, took);
     }
 
     /// Whether a slice of `task` should still run: the task is pending. (A task past its
@@ -449,7 +500,7 @@ mod tests {
         fn succeed(mut self, bytes: u64) {
             self.reported = true;
             if self.batch.slice_progress(self.task, bytes) {
-                self.batch.complete_task(self.task);
+                self.batch.complete_task(self.task, None);
             }
         }
 
@@ -474,8 +525,8 @@ mod tests {
     fn a_task_completes_when_its_last_slice_does() {
         let batch = Arc::new(BatchInner::new(2));
         let first = batch.reserve(2).unwrap();
-        batch.start_task(first, 2);
-        batch.start_task(first + 1, 1);
+        batch.start_task(first, 2, Opcode::Read, 1, 0);
+        batch.start_task(first + 1, 1, Opcode::Read, 1, 0);
         batch.publish(2);
         let a = SliceCompletion::new(batch.clone(), 0);
         let b = SliceCompletion::new(batch.clone(), 0);
@@ -520,7 +571,7 @@ mod tests {
     fn free_is_refused_while_busy_and_cancel_finishes_tasks() {
         let batch = Arc::new(BatchInner::new(1));
         batch.reserve(1).unwrap();
-        batch.start_task(0, 1);
+        batch.start_task(0, 1, Opcode::Read, 1, 0);
         batch.publish(1);
         let late = SliceCompletion::new(batch.clone(), 0);
         assert!(matches!(
@@ -542,7 +593,7 @@ mod tests {
     fn deadlines_time_tasks_out_and_wake_waiters() {
         let batch = Arc::new(BatchInner::new(1));
         batch.reserve(1).unwrap();
-        batch.start_task(0, 1);
+        batch.start_task(0, 1, Opcode::Read, 1, 0);
         batch.publish(1);
         batch.set_deadline(Some(Instant::now() + Duration::from_millis(30)));
         let status = batch.wait(Duration::from_secs(30));
@@ -558,8 +609,8 @@ mod tests {
         use std::sync::atomic::AtomicUsize;
         let batch = Arc::new(BatchInner::new(2));
         batch.reserve(2).unwrap();
-        batch.start_task(0, 1);
-        batch.start_task(1, 1);
+        batch.start_task(0, 1, Opcode::Read, 1, 0);
+        batch.start_task(1, 1, Opcode::Read, 1, 0);
         batch.publish(2);
         let calls = Arc::new(AtomicUsize::new(0));
         let counter = calls.clone();
@@ -586,7 +637,7 @@ mod tests {
     fn completion_hooks_run_when_the_deadline_times_tasks_out() {
         let batch = Arc::new(BatchInner::new(1));
         batch.reserve(1).unwrap();
-        batch.start_task(0, 1);
+        batch.start_task(0, 1, Opcode::Read, 1, 0);
         batch.publish(1);
         let (tx, rx) = std::sync::mpsc::channel();
         batch.on_complete(Box::new(move || tx.send(()).unwrap()));
@@ -601,7 +652,7 @@ mod tests {
     fn waiters_wake_when_another_thread_completes() {
         let batch = Arc::new(BatchInner::new(1));
         batch.reserve(1).unwrap();
-        batch.start_task(0, 1);
+        batch.start_task(0, 1, Opcode::Read, 1, 0);
         batch.publish(1);
         let slice = SliceCompletion::new(batch.clone(), 0);
         let worker = std::thread::spawn(move || {

@@ -136,6 +136,7 @@ impl TransferEngine {
                     TransportStats::new(t.protocol(), self.inner.counters.totals(i), t.report())
                 })
                 .collect(),
+            latency: self.inner.counters.latencies(),
         }
     }
 

@@ -44,11 +44,14 @@ mod transport;
 mod types;
 
 pub use batch::Batch;
-pub use builder::{TRANSFER_TIMEOUT_ENV, TransferEngineBuilder, WAIT_SPIN_ENV};
+pub use builder::{METRICS_ENV, TRANSFER_TIMEOUT_ENV, TransferEngineBuilder, WAIT_SPIN_ENV};
 pub use engine::TransferEngine;
 pub use error::{EngineError, TransferError};
 pub use memory::OwnedBuffer;
-pub use stats::{EngineStats, PeerState, PeerStats, TransportReport, TransportStats};
+pub use stats::{
+    EngineStats, LATENCY_BUCKETS_US, LatencyStats, LocalCounter, NicStats, PROMETHEUS_CONTENT_TYPE,
+    PeerState, PeerStats, SIZE_CLASSES, ServedStats, TransportReport, TransportStats,
+};
 pub use tern_memreg::{
     AlignedBuffer, Pinned, PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw,
 };

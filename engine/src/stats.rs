@@ -1,55 +1,263 @@
 //! What the engine and its transports have done: bytes, slices, retries and failures per
-//! transport, and the state of each peer. Counting costs two relaxed atomic adds per slice;
-//! everything else is gathered only when asked.
+//! transport, peer and NIC, the state of each peer, and how long transfers took (histograms
+//! per operation and size class) — and all of it as Prometheus text
+//! ([`EngineStats::prometheus`]).
+//!
+//! Counting is meant to cost nothing on the data path: each thread counts into a shard of
+//! its own ([`LocalCounter`]s: a load and a store, no atomic read-modify-write, no shared
+//! cache line), and the shards are summed only when someone asks. A transfer's latency is
+//! taken once per task (two clock reads), not per slice. [`TransferEngineBuilder::metrics`]
+//! (crate::TransferEngineBuilder::metrics) turns the engine's own counting off.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// Per-transport counters the engine keeps as slices complete.
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet, prometheus_text};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+
+use crate::types::Opcode;
+
+/// A counter one thread adds to and any thread reads: adding is a relaxed load and store,
+/// no atomic read-modify-write. If two threads add at once a count may be lost, never more;
+/// so each writer keeps counters of its own (a worker's, a lane's) and readers sum them.
 #[derive(Debug, Default)]
-pub(crate) struct TransportCounters {
-    bytes: AtomicU64,
-    slices: AtomicU64,
-    failures: AtomicU64,
+pub struct LocalCounter(AtomicU64);
+
+impl LocalCounter {
+    /// Adds `n` (from the counter's one writer).
+    pub fn add(&self, n: u64) {
+        self.0.store(
+            self.0.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The count so far.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
-/// The counters of every installed transport (same index).
+/// Transfer sizes the latency histograms tell apart: up to 4 KiB, 64 KiB, 1 MiB, and more.
+pub const SIZE_CLASSES: [(&str, usize); 4] = [
+    ("4KiB", 4 << 10),
+    ("64KiB", 64 << 10),
+    ("1MiB", 1 << 20),
+    ("larger", usize::MAX),
+];
+
+/// Upper bounds of the latency buckets, in microseconds (the last is everything above).
+pub const LATENCY_BUCKETS_US: [u64; 16] = [
+    5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 1_000_000,
+    10_000_000,
+];
+
+fn size_class(len: usize) -> usize {
+    SIZE_CLASSES
+        .iter()
+        .position(|&(_, max)| len <= max)
+        .unwrap_or(SIZE_CLASSES.len() - 1)
+}
+
 #[derive(Debug, Default)]
+struct Histogram {
+    /// Per bucket (not cumulative); the last counts what is above every bound.
+    buckets: [LocalCounter; LATENCY_BUCKETS_US.len() + 1],
+    sum_ns: LocalCounter,
+}
+
+impl Histogram {
+    fn record(&self, ns: u64) {
+        let us = ns / 1_000;
+        let bucket = LATENCY_BUCKETS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(LATENCY_BUCKETS_US.len());
+        self.buckets[bucket].add(1);
+        self.sum_ns.add(ns);
+    }
+}
+
+#[derive(Debug, Default)]
+struct TransportCells {
+    bytes: LocalCounter,
+    slices: LocalCounter,
+    failures: LocalCounter,
+}
+
+/// One thread's counts for one engine.
+#[derive(Debug)]
+struct Shard {
+    transports: Box<[TransportCells]>,
+    /// `[read, write][size class]`.
+    latency: [[Histogram; SIZE_CLASSES.len()]; 2],
+}
+
+static NEXT_ENGINE: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's shards, by engine.
+    static SHARDS: RefCell<Vec<(u64, Arc<Shard>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// An engine's counts: per transport (same index) and the latency histograms, in one shard
+/// per thread that counted.
+#[derive(Debug)]
 pub(crate) struct EngineCounters {
-    transports: Vec<TransportCounters>,
+    id: u64,
+    transports: usize,
+    enabled: bool,
+    shards: Mutex<Vec<Arc<Shard>>>,
+}
+
+impl Default for EngineCounters {
+    fn default() -> Self {
+        Self::new(0, true)
+    }
 }
 
 impl EngineCounters {
-    pub(crate) fn new(transports: usize) -> Self {
+    pub(crate) fn new(transports: usize, enabled: bool) -> Self {
         Self {
-            transports: (0..transports)
-                .map(|_| TransportCounters::default())
-                .collect(),
+            id: NEXT_ENGINE.fetch_add(1, Ordering::Relaxed),
+            transports,
+            enabled,
+            shards: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Runs `f` on this thread's shard of this engine, making it on first use.
+    fn with_shard(&self, f: impl FnOnce(&Shard)) {
+        if !self.enabled {
+            return;
+        }
+        SHARDS.with(|shards| {
+            let mut shards = shards.borrow_mut();
+            if let Some((_, shard)) = shards.iter().find(|(id, _)| *id == self.id) {
+                return f(shard);
+            }
+            // Shards of engines gone (only this thread holds them) go first.
+            shards.retain(|(_, shard)| Arc::strong_count(shard) > 1);
+            let shard = Arc::new(Shard {
+                transports: (0..self.transports)
+                    .map(|_| TransportCells::default())
+                    .collect(),
+                latency: Default::default(),
+            });
+            self.shards
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(shard.clone());
+            f(&shard);
+            shards.push((self.id, shard));
+        });
     }
 
     pub(crate) fn moved(&self, transport: usize, bytes: u64) {
-        if let Some(c) = self.transports.get(transport) {
-            c.bytes.fetch_add(bytes, Ordering::Relaxed);
-            c.slices.fetch_add(1, Ordering::Relaxed);
-        }
+        self.with_shard(|shard| {
+            if let Some(cells) = shard.transports.get(transport) {
+                cells.bytes.add(bytes);
+                cells.slices.add(1);
+            }
+        });
     }
 
     pub(crate) fn failed(&self, transport: usize) {
-        if let Some(c) = self.transports.get(transport) {
-            c.failures.fetch_add(1, Ordering::Relaxed);
-        }
+        self.with_shard(|shard| {
+            if let Some(cells) = shard.transports.get(transport) {
+                cells.failures.add(1);
+            }
+        });
+    }
+
+    /// Whether transfers are timed.
+    pub(crate) fn timing(&self) -> bool {
+        self.enabled
+    }
+
+    /// The last slice of a task: `moved` (transport, bytes) if it completed, and the task's
+    /// `(opcode, len, ns)` if it completed the task — counted with one look-up of the shard.
+    pub(crate) fn task_done(
+        &self,
+        moved: Option<(usize, u64)>,
+        took: Option<(Opcode, usize, u64)>,
+    ) {
+        self.with_shard(|shard| {
+            if let Some((transport, bytes)) = moved
+                && let Some(cells) = shard.transports.get(transport)
+            {
+                cells.bytes.add(bytes);
+                cells.slices.add(1);
+            }
+            if let Some((opcode, len, ns)) = took {
+                let op = usize::from(opcode == Opcode::Write);
+                shard.latency[op][size_class(len)].record(ns);
+            }
+        });
+    }
+
+    fn sum(&self, f: impl Fn(&Shard) -> u64) -> u64 {
+        let shards = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+        shards.iter().map(|s| f(s)).sum()
     }
 
     /// `(bytes, slices, failures)` of one transport.
     pub(crate) fn totals(&self, transport: usize) -> (u64, u64, u64) {
-        self.transports.get(transport).map_or((0, 0, 0), |c| {
-            (
-                c.bytes.load(Ordering::Relaxed),
-                c.slices.load(Ordering::Relaxed),
-                c.failures.load(Ordering::Relaxed),
-            )
-        })
+        let of =
+            |f: fn(&TransportCells) -> u64| self.sum(|s| s.transports.get(transport).map_or(0, f));
+        (
+            of(|c| c.bytes.get()),
+            of(|c| c.slices.get()),
+            of(|c| c.failures.get()),
+        )
     }
+
+    /// The latency histograms with something in them.
+    pub(crate) fn latencies(&self) -> Vec<LatencyStats> {
+        let mut out = Vec::new();
+        for (op, name) in ["read", "write"].iter().enumerate() {
+            for (class, (size, _)) in SIZE_CLASSES.iter().enumerate() {
+                let counts: Vec<u64> = (0..=LATENCY_BUCKETS_US.len())
+                    .map(|b| self.sum(|s| s.latency[op][class].buckets[b].get()))
+                    .collect();
+                let count: u64 = counts.iter().sum();
+                if count == 0 {
+                    continue;
+                }
+                out.push(LatencyStats {
+                    operation: (*name).to_owned(),
+                    size: (*size).to_owned(),
+                    buckets: LATENCY_BUCKETS_US
+                        .iter()
+                        .zip(&counts)
+                        .map(|(&le, &n)| (le, n))
+                        .collect(),
+                    count,
+                    sum_seconds: self.sum(|s| s.latency[op][class].sum_ns.get()) as f64 / 1e9,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// How long transfers of one operation and size class took: a histogram.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LatencyStats {
+    /// `read` or `write`.
+    pub operation: String,
+    /// The size class ([`SIZE_CLASSES`]).
+    pub size: String,
+    /// `(upper bound in µs, transfers in that bucket)`, not cumulative; transfers above the
+    /// last bound are `count` minus their sum.
+    pub buckets: Vec<(u64, u64)>,
+    /// Transfers timed.
+    pub count: u64,
+    /// Their total time.
+    pub sum_seconds: f64,
 }
 
 /// How a transport sees one peer.
@@ -68,6 +276,16 @@ pub enum PeerState {
 }
 
 impl PeerState {
+    /// Its name in snake case, as in JSON and metric labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Connected => "connected",
+            Self::Connecting => "connecting",
+            Self::Idle => "idle",
+            Self::Failed => "failed",
+        }
+    }
+
     /// The state of a peer with `open` connections or endpoints up, `connecting` under way,
     /// and whether the last attempt failed.
     pub fn of(open: usize, connecting: usize, failed: bool) -> Self {
@@ -92,8 +310,27 @@ pub struct PeerStats {
     pub state: PeerState,
     /// Open connections (TCP) or endpoints (RDMA) to it.
     pub endpoints: usize,
+    /// Bytes moved with it (of completed slices).
+    pub bytes: u64,
+    /// Completed slices with it.
+    pub slices: u64,
     /// The last failure seen with it, if any.
     pub last_error: Option<String>,
+}
+
+/// One NIC of a transport.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NicStats {
+    /// Device name.
+    pub name: String,
+    /// Bytes of completed slices.
+    pub bytes: u64,
+    /// Completed slices.
+    pub slices: u64,
+    /// Failed slices.
+    pub failures: u64,
+    /// Whether the NIC is paused (its port is down, or it kept failing).
+    pub paused: bool,
 }
 
 /// What a transport reports of itself: what only it knows.
@@ -103,6 +340,27 @@ pub struct TransportReport {
     pub retries: u64,
     /// Its peers.
     pub peers: Vec<PeerStats>,
+    /// Its NICs (RDMA).
+    pub nics: Vec<NicStats>,
+    /// What peers moved from or to this node's memory through it.
+    pub served: ServedStats,
+}
+
+/// Requests peers made of this node's memory through one transport, and their bytes. Only
+/// transports whose target side runs on this node's CPU see them (TCP); RDMA's one-sided
+/// operations never reach it, and count nothing here.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ServedStats {
+    /// Reads served (peers took bytes from this node).
+    pub reads: u64,
+    /// Bytes peers read.
+    pub read_bytes: u64,
+    /// Writes served (peers put bytes into this node).
+    pub writes: u64,
+    /// Bytes peers wrote.
+    pub write_bytes: u64,
+    /// Requests refused (outside registered memory, or not allowed remote access).
+    pub rejected: u64,
 }
 
 /// One transport's totals since the engine started.
@@ -121,6 +379,10 @@ pub struct TransportStats {
     pub failures: u64,
     /// Its peers.
     pub peers: Vec<PeerStats>,
+    /// Its NICs (RDMA).
+    pub nics: Vec<NicStats>,
+    /// What peers moved from or to this node through it.
+    pub served: ServedStats,
 }
 
 impl TransportStats {
@@ -133,13 +395,270 @@ impl TransportStats {
             retries: report.retries,
             failures,
             peers: report.peers,
+            nics: report.nics,
+            served: report.served,
         }
     }
 }
 
 /// Everything [`crate::TransferEngine::stats`] reports.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct EngineStats {
     /// One entry per installed transport, in installation order.
     pub transports: Vec<TransportStats>,
+    /// How long transfers took, per operation and size class (empty with metrics off).
+    pub latency: Vec<LatencyStats>,
+}
+
+/// The `Content-Type` of [`EngineStats::prometheus`] (Prometheus text format 0.0.4).
+pub const PROMETHEUS_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+impl EngineStats {
+    /// These stats in the Prometheus text format (0.0.4), every metric named `tern_…`:
+    /// bytes, slices, retries and failures per transport; bytes, slices, endpoints and state
+    /// per peer; bytes, slices, failures and pause per NIC; and a latency histogram per
+    /// operation and size class.
+    pub fn prometheus(&self) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Snapshot(self.clone())));
+        let mut text = String::new();
+        if let Err(e) = prometheus_text::encode(&mut text, &registry) {
+            // Writing into a String does not fail; should the encoder, say so in the text.
+            tracing::error!("rendering metrics: {e}");
+            text.push_str("# rendering failed\n");
+        }
+        text
+    }
+}
+
+/// Stats taken at one moment, rendered by prometheus-client on each request.
+#[derive(Debug)]
+struct Snapshot(EngineStats);
+
+type Labels = Vec<(&'static str, String)>;
+
+/// One metric family: its name, help, type, and a value per label set.
+fn family<V>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    metric_type: MetricType,
+    series: impl IntoIterator<Item = (Labels, V)>,
+    mut write: impl FnMut(MetricEncoder<'_>, V) -> std::fmt::Result,
+) -> std::fmt::Result {
+    let mut metric = encoder.encode_descriptor(name, help, None, metric_type)?;
+    for (labels, value) in series {
+        write(metric.encode_family(&labels)?, value)?;
+    }
+    Ok(())
+}
+
+fn counter(mut encoder: MetricEncoder<'_>, value: u64) -> std::fmt::Result {
+    encoder.encode_counter::<NoLabelSet, _, u64>(&value, None)
+}
+
+fn gauge(mut encoder: MetricEncoder<'_>, value: u64) -> std::fmt::Result {
+    encoder.encode_gauge(&value)
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let stats = &self.0;
+        let transport = |t: &TransportStats| vec![("transport", t.protocol.clone())];
+        type Field<T> = fn(&T) -> u64;
+        let per_transport: [(&str, &str, Field<TransportStats>); 4] = [
+            ("tern_transport_bytes", "Bytes of completed slices.", |t| {
+                t.bytes
+            }),
+            ("tern_transport_slices", "Completed slices.", |t| t.slices),
+            (
+                "tern_transport_retries",
+                "Slices moved again after a failure.",
+                |t| t.retries,
+            ),
+            ("tern_transport_failures", "Slices that failed.", |t| {
+                t.failures
+            }),
+        ];
+        for (name, help, field) in per_transport {
+            let series = stats.transports.iter().map(|t| (transport(t), field(t)));
+            family(
+                &mut encoder,
+                name,
+                help,
+                MetricType::Counter,
+                series,
+                counter,
+            )?;
+        }
+
+        let per_served: [(&str, &str, Field<ServedStats>); 5] = [
+            (
+                "tern_served_reads",
+                "Reads peers made of this node's memory.",
+                |s| s.reads,
+            ),
+            (
+                "tern_served_read_bytes",
+                "Bytes peers read from this node.",
+                |s| s.read_bytes,
+            ),
+            (
+                "tern_served_writes",
+                "Writes peers made into this node's memory.",
+                |s| s.writes,
+            ),
+            (
+                "tern_served_write_bytes",
+                "Bytes peers wrote into this node.",
+                |s| s.write_bytes,
+            ),
+            (
+                "tern_served_rejected",
+                "Peer requests refused (outside registered memory).",
+                |s| s.rejected,
+            ),
+        ];
+        for (name, help, field) in per_served {
+            let series = stats
+                .transports
+                .iter()
+                .map(|t| (transport(t), field(&t.served)));
+            family(
+                &mut encoder,
+                name,
+                help,
+                MetricType::Counter,
+                series,
+                counter,
+            )?;
+        }
+
+        let peers = || {
+            stats.transports.iter().flat_map(move |t| {
+                t.peers.iter().map(move |p| {
+                    (
+                        vec![("transport", t.protocol.clone()), ("peer", p.peer.clone())],
+                        p,
+                    )
+                })
+            })
+        };
+        let per_peer: [(&str, &str, MetricType, Field<PeerStats>); 3] = [
+            (
+                "tern_peer_bytes",
+                "Bytes moved with the peer.",
+                MetricType::Counter,
+                |p| p.bytes,
+            ),
+            (
+                "tern_peer_slices",
+                "Completed slices with the peer.",
+                MetricType::Counter,
+                |p| p.slices,
+            ),
+            (
+                "tern_peer_endpoints",
+                "Open connections (TCP) or endpoints (RDMA) to the peer.",
+                MetricType::Gauge,
+                |p| p.endpoints as u64,
+            ),
+        ];
+        for (name, help, metric_type, field) in per_peer {
+            let series = peers().map(|(labels, p)| (labels, field(p)));
+            let write = match metric_type {
+                MetricType::Counter => counter,
+                _ => gauge,
+            };
+            family(&mut encoder, name, help, metric_type, series, write)?;
+        }
+        let states = [
+            PeerState::Connected,
+            PeerState::Connecting,
+            PeerState::Idle,
+            PeerState::Failed,
+        ];
+        let series = peers().flat_map(|(labels, p)| {
+            states.iter().map(move |&state| {
+                let mut labels = labels.clone();
+                labels.push(("state", state.name().to_owned()));
+                (labels, u64::from(p.state == state))
+            })
+        });
+        family(
+            &mut encoder,
+            "tern_peer_state",
+            "1 for the state the peer is in, 0 for the others.",
+            MetricType::Gauge,
+            series,
+            gauge,
+        )?;
+
+        let nics = || {
+            stats.transports.iter().flat_map(|t| {
+                t.nics.iter().map(move |n| {
+                    (
+                        vec![("transport", t.protocol.clone()), ("nic", n.name.clone())],
+                        n,
+                    )
+                })
+            })
+        };
+        let per_nic: [(&str, &str, MetricType, Field<NicStats>); 4] = [
+            (
+                "tern_nic_bytes",
+                "Bytes of completed slices on the NIC.",
+                MetricType::Counter,
+                |n| n.bytes,
+            ),
+            (
+                "tern_nic_slices",
+                "Completed slices on the NIC.",
+                MetricType::Counter,
+                |n| n.slices,
+            ),
+            (
+                "tern_nic_failures",
+                "Slices that failed on the NIC.",
+                MetricType::Counter,
+                |n| n.failures,
+            ),
+            (
+                "tern_nic_paused",
+                "1 while the NIC is paused (its port is down, or it kept failing).",
+                MetricType::Gauge,
+                |n| u64::from(n.paused),
+            ),
+        ];
+        for (name, help, metric_type, field) in per_nic {
+            let series = nics().map(|(labels, n)| (labels, field(n)));
+            let write = match metric_type {
+                MetricType::Counter => counter,
+                _ => gauge,
+            };
+            family(&mut encoder, name, help, metric_type, series, write)?;
+        }
+
+        let series = stats.latency.iter().map(|l| {
+            (
+                vec![("operation", l.operation.clone()), ("size", l.size.clone())],
+                l,
+            )
+        });
+        family(
+            &mut encoder,
+            "tern_transfer_duration_seconds",
+            "Time from submit to completion of each transfer, per operation and size class.",
+            MetricType::Histogram,
+            series,
+            |mut metric, l| {
+                let buckets: Vec<(f64, u64)> = l
+                    .buckets
+                    .iter()
+                    .map(|&(le_us, n)| (le_us as f64 / 1e6, n))
+                    .collect();
+                metric.encode_histogram::<NoLabelSet>(l.sum_seconds, l.count, &buckets, None)
+            },
+        )
+    }
 }

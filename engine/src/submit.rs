@@ -22,7 +22,14 @@ impl TransferEngine {
             )));
         }
         Ok(Batch {
-            inner: Arc::new(BatchInner::with_spin(capacity, self.inner.wait_spin)),
+            inner: Arc::new(BatchInner::timed(
+                capacity,
+                self.inner.wait_spin,
+                self.inner
+                    .counters
+                    .timing()
+                    .then(|| self.inner.counters.clone()),
+            )),
         })
     }
 
@@ -44,6 +51,7 @@ impl TransferEngine {
         if let Some(timeout) = self.inner.transfer_timeout {
             batch_inner.set_deadline_if_unset(Instant::now() + timeout);
         }
+        let started_ns = batch_inner.start_clock();
         let mut groups: Vec<Vec<Slice>> =
             self.inner.transports.iter().map(|_| Vec::new()).collect();
         // The peer of the request before, and its routes: a batch usually has one peer.
@@ -94,8 +102,11 @@ impl TransferEngine {
                     );
                 }
             }
-            if let Err(error) = prepared {
-                batch_inner.fail_task(task, error);
+            match prepared {
+                Ok(slices) => {
+                    batch_inner.start_task(task, slices, request.opcode, request.length, started_ns)
+                }
+                Err(error) => batch_inner.fail_task(task, error),
             }
         }
         batch_inner.publish(first + requests.len());
@@ -108,7 +119,7 @@ impl TransferEngine {
     }
 
     /// Checks one request and cuts it into slices for the best transport to its peer,
-    /// pushed onto that transport's group.
+    /// pushed onto that transport's group; returns how many.
     fn prepare(
         &self,
         batch: &Arc<BatchInner>,
@@ -117,7 +128,7 @@ impl TransferEngine {
         peer: Option<&(Arc<PeerSegment>, Routes)>,
         group: &mut Option<Arc<Submission>>,
         groups: &mut [Vec<Slice>],
-    ) -> Result<(), TransferError> {
+    ) -> Result<u32, TransferError> {
         let len = request.length;
         if len == 0 {
             return Err(TransferError::ZeroLength);
@@ -174,7 +185,7 @@ impl TransferEngine {
                 group.insert(fresh).clone()
             }
         };
-        batch.start_task(task, pieces.clone().count() as u32);
+        let slices = pieces.clone().count() as u32;
         groups[transport_index].extend(pieces.map(|(offset, piece)| {
             Slice::new(
                 shared.clone(),
@@ -185,7 +196,7 @@ impl TransferEngine {
                 request.target_offset + offset as u64,
             )
         }));
-        Ok(())
+        Ok(slices)
     }
 
     /// Submits one request, waits for it, and returns the bytes moved.

@@ -400,11 +400,14 @@ impl Slice {
             .routes
             .get(self.rank as usize)
             .unwrap_or(usize::MAX);
-        let (batch, task) = (&submission.batch, self.task as usize);
+        let (batch, task, len) = (&submission.batch, self.task as usize, self.len as u64);
         let last = match &outcome {
             Outcome::Done => {
-                submission.counters.moved(transport, self.len as u64);
-                batch.slice_progress(task, self.len as u64)
+                let last = batch.slice_progress(task, len);
+                if !last {
+                    submission.counters.moved(transport, len);
+                }
+                last
             }
             Outcome::Skipped => batch.slice_progress(task, 0),
             Outcome::Failed(_) => {
@@ -421,7 +424,9 @@ impl Slice {
         drop(submission);
         match outcome {
             Outcome::Failed(error) => batch.fail_task(task, error),
-            Outcome::Done | Outcome::Skipped => batch.complete_task(task),
+            // The last slice is counted with the task's timing: one look-up for both.
+            Outcome::Done => batch.complete_task(task, Some((transport, len))),
+            Outcome::Skipped => batch.complete_task(task, None),
         }
     }
 

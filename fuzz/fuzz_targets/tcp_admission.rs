@@ -16,7 +16,7 @@ use std::io::{self, Read, Write};
 use std::sync::OnceLock;
 
 use tern_memreg::{AlignedBuffer, MemoryRegistry, Region, Staged};
-use tern_transport_tcp::{HEADER_LEN, Header, OP_READ, OP_WRITE, Status, serve_request};
+use tern_transport_tcp::{HEADER_LEN, Header, OP_READ, OP_WRITE, Served, Status, serve_request};
 
 struct Fixture {
     registry: MemoryRegistry,
@@ -125,7 +125,8 @@ tern_fuzz::target!(|data| {
         };
         match (admitted, op) {
             (true, OP_READ) => {
-                served.expect("an admitted read is served");
+                let served = served.expect("an admitted read is served");
+                assert_eq!(served, Served::Read(header.size));
                 let mut expected = status(Status::Ok);
                 expected.extend(bytes_at(addr, size));
                 assert_eq!(sent, &expected[..], "a read sends the status and the bytes");
@@ -135,7 +136,8 @@ tern_fuzz::target!(|data| {
                     assert!(served.is_err(), "a short body must fail");
                     break;
                 };
-                served.expect("an admitted write with its whole body is served");
+                let served = served.expect("an admitted write with its whole body is served");
+                assert_eq!(served, Served::Wrote(header.size));
                 assert_eq!(bytes_at(addr, size), body, "the write landed");
                 assert_eq!(sent, &status(Status::Ok)[..]);
             }
@@ -144,7 +146,8 @@ tern_fuzz::target!(|data| {
                     assert!(served.is_err(), "an undrainable rejected write closes");
                     break;
                 }
-                served.expect("a rejected v2 request keeps the connection");
+                let served = served.expect("a rejected v2 request keeps the connection");
+                assert_eq!(served, Served::Rejected);
                 assert_eq!(sent, &Status::AddressRejected.encode()[..]);
                 let drained = left_before - conn.inner.input.len();
                 assert_eq!(drained, if op == OP_WRITE { size } else { 0 });

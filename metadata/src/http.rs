@@ -8,13 +8,21 @@
 //! reads ([`crate::seal`]), and sends a delete token with every DELETE; the server, given the
 //! secret, refuses writes whose value does not verify and deletes without a valid token. The
 //! server holds at most [`MAX_ENTRIES`] keys and serves at most `max_connections` clients at
-//! once, each request within a deadline from its first byte.
+//! once, each request within a deadline from its first byte. Every Tern HTTP listener also
+//! answers `GET /metrics` (Prometheus text): the server its own counts, a
+//! [`MetricsServer`] whatever it is given to render.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use crate::auth::ClusterSecret;
 use crate::error::MetadataError;
@@ -310,8 +318,9 @@ fn read_body(
     Ok(body)
 }
 
-/// An in-memory HTTP metadata server speaking Mooncake's protocol. Stops when dropped
-/// (connections cut, threads joined).
+/// An in-memory HTTP metadata server speaking Mooncake's protocol, with its own metrics at
+/// `GET /metrics` (Prometheus text: requests by method and status, keys and bytes held).
+/// Stops when dropped (connections cut, threads joined).
 #[derive(Debug)]
 pub struct HttpMetadataServer {
     acceptor: Acceptor,
@@ -338,7 +347,76 @@ impl Default for HttpServerConfig {
     }
 }
 
-type Table = Arc<Mutex<HashMap<String, Vec<u8>>>>;
+/// The path every Tern HTTP listener serves its metrics on.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// The `Content-Type` of metrics (Prometheus text format 0.0.4).
+pub const METRICS_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// Renders the metrics a listener serves at [`METRICS_PATH`], on each request.
+pub type RenderMetrics = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What an HTTP listener answers: status, content type and body.
+struct Reply {
+    status: u16,
+    content_type: &'static str,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(status: u16, body: impl Into<Vec<u8>>) -> Self {
+        Self {
+            status,
+            content_type: "application/json",
+            body: body.into(),
+        }
+    }
+}
+
+/// The metadata server's own counts.
+#[derive(Debug)]
+struct ServerMetrics {
+    registry: Registry,
+    requests: Family<Vec<(&'static str, String)>, Counter>,
+    entries: Gauge,
+    bytes: Gauge,
+}
+
+impl ServerMetrics {
+    fn new() -> Self {
+        let requests = Family::<Vec<(&'static str, String)>, Counter>::default();
+        let (entries, bytes) = (Gauge::default(), Gauge::default());
+        let mut registry = Registry::with_prefix("tern_metadata");
+        registry.register(
+            "requests",
+            "Requests answered, by method and status",
+            requests.clone(),
+        );
+        registry.register("entries", "Keys held", entries.clone());
+        registry.register("bytes", "Bytes of values held", bytes.clone());
+        Self {
+            registry,
+            requests,
+            entries,
+            bytes,
+        }
+    }
+
+    fn render(&self) -> String {
+        let mut text = String::new();
+        if let Err(e) = prometheus_text::encode(&mut text, &self.registry) {
+            tracing::error!("http metadata: rendering metrics: {e}");
+        }
+        text
+    }
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    entries: HashMap<String, Vec<u8>>,
+    /// Bytes of all values held.
+    bytes: usize,
+}
 
 impl HttpMetadataServer {
     /// Binds `addr` (port 0 picks one) and serves, without a secret.
@@ -349,15 +427,33 @@ impl HttpMetadataServer {
     /// Binds `addr` (port 0 picks one) and serves with `config`.
     pub fn start_with(addr: SocketAddr, config: HttpServerConfig) -> io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
-        let table: Table = Arc::default();
+        let table = Mutex::new(Table::default());
+        let metrics = ServerMetrics::new();
         let (secret, max_entries) = (config.secret.clone(), config.max_entries);
-        let serve = move |served: Served| serve_http(served, &table, secret.as_ref(), max_entries);
-        let acceptor = Acceptor::serve(
-            listener,
-            "tern-http-metadata",
-            config.limits,
-            Arc::new(serve),
-        )?;
+        let answer = move |request: HttpRequest| match request {
+            HttpRequest::Metrics => Reply {
+                status: 200,
+                content_type: METRICS_CONTENT_TYPE,
+                body: metrics.render().into_bytes(),
+            },
+            HttpRequest::Metadata(request) => {
+                let method = request.method.clone();
+                let reply = handle_request(request, &table, secret.as_ref(), max_entries, &metrics);
+                let method = match method.as_str() {
+                    "GET" | "PUT" | "DELETE" => method,
+                    _ => "other".to_owned(),
+                };
+                metrics
+                    .requests
+                    .get_or_create(&vec![
+                        ("method", method),
+                        ("status", reply.status.to_string()),
+                    ])
+                    .inc();
+                reply
+            }
+        };
+        let acceptor = serve_http(listener, "tern-http-metadata", config.limits, answer)?;
         Ok(Self { acceptor })
     }
 
@@ -367,19 +463,58 @@ impl HttpMetadataServer {
     }
 }
 
+/// An HTTP listener that serves only metrics, at [`METRICS_PATH`] (what `tern-bench
+/// --metrics_addr` runs). Stops when dropped.
+#[derive(Debug)]
+pub struct MetricsServer {
+    acceptor: Acceptor,
+}
+
+impl MetricsServer {
+    /// Binds `addr` (port 0 picks one) and answers `GET /metrics` with what `render` returns.
+    pub fn start(addr: SocketAddr, render: RenderMetrics) -> io::Result<Self> {
+        let listener = TcpListener::bind(addr)?;
+        let answer = move |request: HttpRequest| match request {
+            HttpRequest::Metrics => Reply {
+                status: 200,
+                content_type: METRICS_CONTENT_TYPE,
+                body: render().into_bytes(),
+            },
+            HttpRequest::Metadata(_) => Reply {
+                status: 404,
+                content_type: "text/plain",
+                body: format!("only GET {METRICS_PATH} is served here").into_bytes(),
+            },
+        };
+        let acceptor = serve_http(listener, "tern-metrics", ServeLimits::default(), answer)?;
+        Ok(Self { acceptor })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.acceptor.local_addr()
+    }
+}
+
+/// Serves one request per connection on `listener`, each answered by `answer`.
 fn serve_http(
-    mut served: Served,
-    table: &Table,
-    secret: Option<&ClusterSecret>,
-    max_entries: usize,
-) {
+    listener: TcpListener,
+    name: &str,
+    limits: ServeLimits,
+    answer: impl Fn(HttpRequest) -> Reply + Send + Sync + 'static,
+) -> io::Result<Acceptor> {
+    let serve = move |served: Served| serve_one(served, &answer);
+    Acceptor::serve(listener, name, limits, Arc::new(serve))
+}
+
+fn serve_one(mut served: Served, answer: &impl Fn(HttpRequest) -> Reply) {
     let peer = served.peer.clone();
     let mut first = [0u8; 1];
     match served.await_frame(&mut first) {
         Ok(1..) => {}
         Ok(0) => return,
         Err(e) => {
-            tracing::warn!("http metadata: {peer}: {e} before its request");
+            tracing::warn!("http: {peer}: {e} before its request");
             return;
         }
     }
@@ -389,14 +524,14 @@ fn serve_http(
     // The whole request within the deadline from its first byte.
     let mut frame = served.frame();
     let mut reader = BufReader::new(Replayed::new(&first, &mut frame));
-    let (status, body): (u16, Vec<u8>) = match parse_request(&mut reader) {
-        Ok(request) => handle_request(request, table, secret, max_entries),
+    let reply = match parse_http_request(&mut reader) {
+        Ok(request) => answer(request),
         Err(message) => {
-            tracing::warn!("http metadata: bad request from {peer}: {message}");
-            (400, message.into_bytes())
+            tracing::warn!("http: bad request from {peer}: {message}");
+            Reply::json(400, message)
         }
     };
-    let reason = match status {
+    let reason = match reply.status {
         200 => "OK",
         403 => "Forbidden",
         404 => "Not Found",
@@ -405,11 +540,22 @@ fn serve_http(
         _ => "Bad Request",
     };
     let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
+        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        reply.status,
+        reply.content_type,
+        reply.body.len()
     );
     let _ = writer.write_all(head.as_bytes());
-    let _ = writer.write_all(&body);
+    let _ = writer.write_all(&reply.body);
+}
+
+/// What a client asked of a Tern HTTP listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpRequest {
+    /// A request of Mooncake's metadata protocol.
+    Metadata(MetadataRequest),
+    /// `GET /metrics`.
+    Metrics,
 }
 
 /// A request to the HTTP metadata server, as read off the wire by [`parse_request`].
@@ -426,16 +572,19 @@ pub struct MetadataRequest {
 }
 
 /// Reads one request of Mooncake's HTTP metadata protocol (`<METHOD> <path>?key=<escaped
-/// key> HTTP/1.1`, headers, and a `Content-Length` body) from bytes a client sent: what
-/// [`HttpMetadataServer`] runs on every connection, public so that it can be fuzzed. `Err`
-/// names what is wrong (the server answers it with a 400). It only reads; it must not act on
-/// the request.
-pub fn parse_request(reader: &mut impl BufRead) -> Result<MetadataRequest, String> {
+/// key> HTTP/1.1`, headers, and a `Content-Length` body) or a `GET /metrics` from bytes a
+/// client sent: what every Tern HTTP listener runs on each connection, public so that it can
+/// be fuzzed. `Err` names what is wrong (the server answers it with a 400). It only reads; it
+/// must not act on the request.
+pub fn parse_http_request(reader: &mut impl BufRead) -> Result<HttpRequest, String> {
     let (_, headers) = read_head(reader, false)?;
     let line = headers.get(":line").cloned().unwrap_or_default();
     let mut parts = line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let query = target.split_once('?').map(|(_, q)| q).unwrap_or("");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    if method == "GET" && path == METRICS_PATH {
+        return Ok(HttpRequest::Metrics);
+    }
     let key = query
         .split('&')
         .find_map(|pair| pair.strip_prefix("key="))
@@ -446,12 +595,20 @@ pub fn parse_request(reader: &mut impl BufRead) -> Result<MetadataRequest, Strin
     let token = headers
         .get(&seal::DELETE_HEADER.to_ascii_lowercase())
         .cloned();
-    Ok(MetadataRequest {
+    Ok(HttpRequest::Metadata(MetadataRequest {
         method: method.to_owned(),
         key,
         body,
         token,
-    })
+    }))
+}
+
+/// [`parse_http_request`] of a metadata request: a `GET /metrics` is an error here.
+pub fn parse_request(reader: &mut impl BufRead) -> Result<MetadataRequest, String> {
+    match parse_http_request(reader)? {
+        HttpRequest::Metadata(request) => Ok(request),
+        HttpRequest::Metrics => Err(format!("no key in {METRICS_PATH:?}")),
+    }
 }
 
 /// Reads the server's reply to one request (status line, headers, and a body of
@@ -466,10 +623,11 @@ pub fn parse_response(reader: &mut impl BufRead) -> Result<(u16, Vec<u8>), Strin
 
 fn handle_request(
     request: MetadataRequest,
-    table: &Table,
+    table: &Mutex<Table>,
     secret: Option<&ClusterSecret>,
     max_entries: usize,
-) -> (u16, Vec<u8>) {
+    metrics: &ServerMetrics,
+) -> Reply {
     let MetadataRequest {
         method,
         key,
@@ -478,7 +636,7 @@ fn handle_request(
     } = request;
     let refused = |what: &str, e: seal::SealError| {
         tracing::warn!("http metadata: refusing {what} {key:?}: {e}");
-        (403, format!("{what} refused: {e}").into_bytes())
+        Reply::json(403, format!("{what} refused: {e}"))
     };
     match (method.as_str(), secret) {
         ("PUT", Some(secret)) => {
@@ -498,25 +656,34 @@ fn handle_request(
         _ => {}
     }
     let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
-    match method.as_str() {
-        "GET" => match table.get(&key) {
-            Some(value) => (200, value.clone()),
-            None => (404, b"metadata not found".to_vec()),
+    let reply = match method.as_str() {
+        "GET" => match table.entries.get(&key) {
+            Some(value) => Reply::json(200, value.clone()),
+            None => Reply::json(404, "metadata not found"),
         },
-        "PUT" if table.len() >= max_entries && !table.contains_key(&key) => {
+        "PUT" if table.entries.len() >= max_entries && !table.entries.contains_key(&key) => {
             tracing::warn!("http metadata: {max_entries} keys held; refusing a new one");
-            (507, b"metadata table full".to_vec())
+            Reply::json(507, "metadata table full")
         }
         "PUT" => {
-            table.insert(key, body);
-            (200, b"metadata updated".to_vec())
+            table.bytes += body.len();
+            if let Some(old) = table.entries.insert(key, body) {
+                table.bytes -= old.len();
+            }
+            Reply::json(200, "metadata updated")
         }
-        "DELETE" => match table.remove(&key) {
-            Some(_) => (200, b"metadata deleted".to_vec()),
-            None => (404, b"metadata not found".to_vec()),
+        "DELETE" => match table.entries.remove(&key) {
+            Some(old) => {
+                table.bytes -= old.len();
+                Reply::json(200, "metadata deleted")
+            }
+            None => Reply::json(404, "metadata not found"),
         },
-        _ => (405, b"method not allowed".to_vec()),
-    }
+        _ => Reply::json(405, "method not allowed"),
+    };
+    metrics.entries.set(table.entries.len() as i64);
+    metrics.bytes.set(table.bytes as i64);
+    reply
 }
 
 #[cfg(test)]

@@ -303,3 +303,87 @@ fn a_node_with_the_secret_refuses_altered_values_even_from_a_plain_server() {
     // A plain node still reads it (it has no secret to check with), as Mooncake would.
     assert!(store(&server, None).fetch_segment("node-a").is_ok());
 }
+
+/// The value of the series `series` (name and labels exactly as rendered) in Prometheus text.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+#[test]
+fn the_http_server_counts_its_requests_and_holdings_at_get_metrics() {
+    logs::capture();
+    let server = http_server(None, 16);
+    for (key, body) in [("k1", "ab"), ("k2", "cde"), ("k1", "x")] {
+        assert!(put(&server, key, body, "").starts_with("HTTP/1.1 200"));
+    }
+    for (request, status) in [
+        ("GET /metadata?key=k2", "200"),
+        ("GET /metadata?key=missing", "404"),
+        ("DELETE /metadata?key=k2", "200"),
+        ("POST /metadata?key=k1", "405"),
+    ] {
+        let reply = raw(&server, &format!("{request} HTTP/1.1\r\n\r\n"));
+        assert!(
+            reply.starts_with(&format!("HTTP/1.1 {status}")),
+            "{request}: {reply}"
+        );
+    }
+    let reply = raw(&server, "GET /metrics HTTP/1.1\r\n\r\n");
+    let (head, text) = reply.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let requests = |method: &str, status: &str| {
+        metric(
+            text,
+            &format!("tern_metadata_requests_total{{method=\"{method}\",status=\"{status}\"}}"),
+        )
+    };
+    assert_eq!(requests("PUT", "200"), Some(3.0), "{text}");
+    assert_eq!(requests("GET", "200"), Some(1.0), "{text}");
+    assert_eq!(requests("GET", "404"), Some(1.0), "{text}");
+    assert_eq!(requests("DELETE", "200"), Some(1.0), "{text}");
+    assert_eq!(requests("other", "405"), Some(1.0), "{text}");
+    // k1 is left, holding "x".
+    assert_eq!(metric(text, "tern_metadata_entries"), Some(1.0), "{text}");
+    assert_eq!(metric(text, "tern_metadata_bytes"), Some(1.0), "{text}");
+    assert!(
+        text.contains("# TYPE tern_metadata_requests_total counter"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_metrics_server_renders_on_each_request_and_serves_nothing_else() {
+    logs::capture();
+    let scrapes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = scrapes.clone();
+    let render: tern_metadata::http::RenderMetrics = Arc::new(move || {
+        let n = counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        format!("scrapes_total {n}\n")
+    });
+    let server =
+        tern_metadata::http::MetricsServer::start("127.0.0.1:0".parse().unwrap(), render).unwrap();
+    let get = |target: &str| {
+        let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+        write!(stream, "GET {target} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        reply
+    };
+    for n in 1..=2 {
+        let reply = get("/metrics");
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        assert_eq!(
+            metric(reply.split("\r\n\r\n").nth(1).unwrap(), "scrapes_total"),
+            Some(n as f64)
+        );
+    }
+    assert!(get("/metadata?key=a").starts_with("HTTP/1.1 404"));
+    assert!(get("/nothing").starts_with("HTTP/1.1 400"));
+    assert_eq!(scrapes.load(std::sync::atomic::Ordering::Relaxed), 2);
+}

@@ -331,6 +331,11 @@ impl Engine {
             .map_err(|e| invalid(py, e.to_string()))
     }
 
+    /// The engine's statistics in the Prometheus text format.
+    fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.open(py)?.core.engine.stats().prometheus())
+    }
+
     /// Stops the engine: held regions are unregistered and their objects released, then the
     /// listeners and workers stop and the metadata is withdrawn. Idempotent.
     fn close(&self, py: Python<'_>) {

@@ -441,6 +441,11 @@ class TransferEngine:
         """What each transport moved, retried and failed, and how each peer stands."""
         return json.loads(self._core.stats_json())
 
+    def metrics(self) -> str:
+        """The same statistics in the Prometheus text format (latency histograms included),
+        for a ``/metrics`` endpoint the serving process already has."""
+        return self._core.metrics_text()
+
     # -- lifetime -----------------------------------------------------------------------
 
     def close(self) -> None:

@@ -109,6 +109,14 @@ def test_batches_wait_report_and_cancel(engine, peer):
     assert stats["transports"][0]["protocol"] == "tcp"
     assert stats["transports"][0]["bytes"] >= 16 * 4096
     assert {"peer", "state", "endpoints", "last_error"} <= set(stats["transports"][0]["peers"][0])
+    text = engine.metrics()
+    moved = next(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith('tern_transport_bytes_total{transport="tcp"} ')
+    )
+    assert moved >= 16 * 4096
+    assert "# TYPE tern_transfer_duration_seconds histogram" in text
 
 
 def test_closing_unregisters_and_releases(peer):

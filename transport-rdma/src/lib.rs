@@ -33,8 +33,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tern_engine::{
-    BufferDesc, PeerState, PeerStats, RegionInfo, SegmentDesc, Slice, TransferError, Transport,
-    TransportContext, TransportError, TransportReport,
+    BufferDesc, LocalCounter, NicStats, PeerState, PeerStats, RegionInfo, SegmentDesc, Slice,
+    TransferError, Transport, TransportContext, TransportError, TransportReport,
 };
 use tern_memreg::nic::register_on_devices;
 use tern_metadata::{DeviceDesc, PriorityMatrix};
@@ -42,10 +42,9 @@ use tern_verbs::{Access, CompletionQueue};
 
 pub use config::RdmaConfig;
 pub use error::RdmaError;
-pub use nic::NicStats;
 
 use endpoint::EndpointStore;
-use nic::{Nic, open_nics};
+use nic::{Nic, WorkerCounters, open_nics};
 use route::Health;
 use shared::{NicSlot, RouteCache, Shared, lock};
 use topology::{NicInfo, build_matrix, numa_nodes, parse_matrix, read_matrix_file, restrict};
@@ -152,12 +151,17 @@ impl RdmaTransport {
             .nics
             .iter()
             .enumerate()
-            .map(|(i, slot)| NicStats {
-                name: slot.nic.name.clone(),
-                bytes: slot.nic.counters.bytes.load(Ordering::Relaxed),
-                slices: slot.nic.counters.slices.load(Ordering::Relaxed),
-                failures: slot.nic.counters.failures.load(Ordering::Relaxed),
-                paused: !shared.nic_usable(i, now),
+            .map(|(i, slot)| {
+                let sum = |f: fn(&WorkerCounters) -> &LocalCounter| {
+                    slot.workers.iter().map(|w| f(&w.counters).get()).sum()
+                };
+                NicStats {
+                    name: slot.nic.name.clone(),
+                    bytes: sum(|c| &c.bytes),
+                    slices: sum(|c| &c.slices),
+                    failures: sum(|c| &c.failures),
+                    paused: !shared.nic_usable(i, now),
+                }
             })
             .collect()
     }
@@ -551,20 +555,36 @@ impl Transport for RdmaTransport {
         for server in errors.keys() {
             peers.entry(server.clone()).or_default();
         }
+        // Per peer server: (bytes, slices), summed over every worker.
+        let mut moved: HashMap<String, (u64, u64)> = HashMap::new();
+        for worker in shared.nics.iter().flat_map(|slot| &slot.workers) {
+            for (server, counters) in lock(&worker.counters.peers).iter() {
+                peers.entry(server.clone()).or_default();
+                let entry = moved.entry(server.clone()).or_default();
+                entry.0 += counters.0.get();
+                entry.1 += counters.1.get();
+            }
+        }
         TransportReport {
             retries: shared.retries.load(Ordering::Relaxed),
             peers: peers
                 .into_iter()
                 .map(|(peer, (ready, connecting))| {
                     let last_error = errors.get(&peer).cloned();
+                    let (bytes, slices) = moved.get(&peer).copied().unwrap_or_default();
                     PeerStats {
                         state: PeerState::of(ready, connecting, last_error.is_some()),
                         peer,
                         endpoints: ready + connecting,
+                        bytes,
+                        slices,
                         last_error,
                     }
                 })
                 .collect(),
+            nics: self.nic_stats(),
+            // One-sided operations never reach this node's CPU: nothing to count.
+            served: Default::default(),
         }
     }
 

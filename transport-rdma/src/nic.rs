@@ -1,8 +1,10 @@
 //! The local NICs: which devices to use, opened once, with their port, GID and MTU.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tern_engine::LocalCounter;
 
 use tern_verbs::{
     Context, DeviceLimits, GidEntry, PathConfig, ProtectionDomain, QpCaps, VerbsError,
@@ -12,30 +14,27 @@ use crate::config::RdmaConfig;
 use crate::error::RdmaError;
 use crate::topology::numa_node_of_nic;
 
-/// Bytes and slices one NIC moved, and slices that failed on it.
+/// Bytes and slices one worker moved, and slices that failed on it, per NIC and per peer:
+/// written by that worker alone ([`LocalCounter`]), summed when asked.
 #[derive(Debug, Default)]
-pub struct NicCounters {
-    /// Bytes of completed slices.
-    pub bytes: AtomicU64,
-    /// Completed slices.
-    pub slices: AtomicU64,
-    /// Slices that failed on this NIC (and were retried elsewhere, or failed their task).
-    pub failures: AtomicU64,
+pub(crate) struct WorkerCounters {
+    pub bytes: LocalCounter,
+    pub slices: LocalCounter,
+    pub failures: LocalCounter,
+    /// Per peer server: `(bytes, slices)`; a slot looks its entry up once, when it opens.
+    pub peers: Mutex<HashMap<String, Arc<(LocalCounter, LocalCounter)>>>,
 }
 
-/// What one NIC has moved so far.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NicStats {
-    /// Device name.
-    pub name: String,
-    /// Bytes of completed slices.
-    pub bytes: u64,
-    /// Completed slices.
-    pub slices: u64,
-    /// Failed slices.
-    pub failures: u64,
-    /// Whether the NIC is paused (its port is down, or it kept failing).
-    pub paused: bool,
+impl WorkerCounters {
+    /// The counters of `server`, made on first use.
+    pub fn peer(&self, server: &str) -> Arc<(LocalCounter, LocalCounter)> {
+        self.peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(server.to_owned())
+            .or_default()
+            .clone()
+    }
 }
 
 /// One opened device and the facts its endpoints need.
@@ -52,19 +51,11 @@ pub(crate) struct Nic {
     pub mtu: u32,
     pub numa_node: Option<u32>,
     pub limits: DeviceLimits,
-    pub counters: NicCounters,
 }
 
 impl Nic {
     pub fn context(&self) -> &Arc<Context> {
         self.pd.context()
-    }
-
-    pub fn counted(&self, bytes: usize) {
-        self.counters
-            .bytes
-            .fetch_add(bytes as u64, Ordering::Relaxed);
-        self.counters.slices.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Whether the port is up now.
@@ -205,7 +196,6 @@ fn open_nic(index: usize, name: &str, config: &RdmaConfig) -> Result<Nic, String
         mtu: port.mtu_bytes().min(config.mtu),
         numa_node: numa_node_of_nic(Path::new("/sys"), name),
         limits,
-        counters: NicCounters::default(),
     })
 }
 

@@ -26,10 +26,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use tern_engine::{Opcode, Pinned, Slice, Submission, TransferError};
+use tern_engine::{LocalCounter, Opcode, Pinned, Slice, Submission, TransferError};
 use tern_verbs::{Completion, CompletionError, CompletionQueue, Outcome, SendOp, SendWork, Sge};
 
 use crate::endpoint::{Endpoint, State};
+use crate::nic::WorkerCounters;
 use crate::route::Blame;
 use crate::shared::Shared;
 
@@ -68,6 +69,7 @@ pub(crate) struct WorkerHandle {
     bell: UnixStream,
     sleeping: Arc<AtomicBool>,
     pub cq: Arc<CompletionQueue>,
+    pub counters: Arc<WorkerCounters>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -78,6 +80,7 @@ pub(crate) struct WorkerInbox {
     bell: UnixStream,
     sleeping: Arc<AtomicBool>,
     cq: Arc<CompletionQueue>,
+    counters: Arc<WorkerCounters>,
 }
 
 /// A worker's channel, doorbell and CQ, before its thread starts.
@@ -89,12 +92,14 @@ pub(crate) fn worker_pair(
     ring.set_nonblocking(true)?;
     hear.set_nonblocking(true)?;
     let sleeping = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(WorkerCounters::default());
     Ok((
         WorkerHandle {
             tx,
             bell: ring,
             sleeping: sleeping.clone(),
             cq: cq.clone(),
+            counters: counters.clone(),
             thread: Mutex::new(None),
         },
         WorkerInbox {
@@ -102,6 +107,7 @@ pub(crate) fn worker_pair(
             bell: hear,
             sleeping,
             cq,
+            counters,
         },
     ))
 }
@@ -159,6 +165,8 @@ struct Slot {
     next_qp: usize,
     /// Set once the endpoint is retired here: the slot goes when nothing is in flight.
     retired_at: Option<Instant>,
+    /// This worker's `(bytes, slices)` to the endpoint's peer server.
+    moved: Arc<(LocalCounter, LocalCounter)>,
 }
 
 impl Slot {
@@ -363,7 +371,9 @@ impl Worker {
         let ep = self
             .shared
             .endpoint_for(self.nic, self.index, &job.key, &job.slice)?;
+        let server = ep.key.rsplit_once('@').map_or(&*ep.key, |(s, _)| s);
         let slot = Slot {
+            moved: self.inbox.counters.peer(server),
             in_flight: vec![0; ep.qps.len()],
             ep: ep.clone(),
             backlog: VecDeque::new(),
@@ -521,13 +531,13 @@ impl Worker {
         };
         slot.in_flight[q] -= count;
         self.outstanding -= count;
-        let nic = self.shared.nic(self.nic);
-        let mut succeeded = 0usize;
+        let mut succeeded = 0u64;
+        let mut bytes = 0u64;
         let mut failed = None;
         for (job, outcome) in retired.drain(..) {
             match outcome {
                 Outcome::Done => {
-                    nic.counted(job.slice.len);
+                    bytes += job.slice.len as u64;
                     job.slice.complete();
                     succeeded += 1;
                 }
@@ -536,6 +546,11 @@ impl Worker {
         }
         self.retired = retired;
         if succeeded > 0 {
+            let counters = &self.inbox.counters;
+            counters.bytes.add(bytes);
+            counters.slices.add(succeeded);
+            slot.moved.0.add(bytes);
+            slot.moved.1.add(succeeded);
             self.shared.succeeded(self.nic);
         }
         if let Some((job, error)) = failed {
@@ -556,11 +571,7 @@ impl Worker {
             let reason = format!("flushed after an error on {}", job.key);
             return self.reroute(job, Some(reason));
         }
-        self.shared
-            .nic(self.nic)
-            .counters
-            .failures
-            .fetch_add(1, Ordering::Relaxed);
+        self.inbox.counters.failures.add(1);
         if error.code == CompletionError::REMOTE_ACCESS {
             // The peer's NIC refused the key or range: it unregistered that memory (or never
             // registered it for remote access). Retrying cannot help.

@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 
 use support::{builder, rdma_with, spawn_helper, until_stdin_closes};
 use tern_engine::{
-    OwnedBuffer, SegmentDesc, SegmentId, TransferEngine, TransferEngineBuilder, TransferError,
-    TransferRequest, TransferStatus,
+    NicStats, OwnedBuffer, SegmentDesc, SegmentId, TransferEngine, TransferEngineBuilder,
+    TransferError, TransferRequest, TransferStatus,
 };
 use tern_testkit::etcd::{Etcd, etcdctl};
-use tern_transport_rdma::{NicStats, RdmaTransport};
+use tern_transport_rdma::RdmaTransport;
 
 const MIB: usize = 1 << 20;
 /// Both NICs of a node, in the order of every key array.

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use tern_engine::{Opcode, PeerState, PeerStats, Slice, TransferError};
+use tern_engine::{LocalCounter, Opcode, PeerState, PeerStats, Slice, TransferError};
 use tern_memreg::{RegionIo, wait_ready};
 use tern_metadata::auth::{Channel, ClusterSecret};
 use tern_metadata::net::{Dial, DialAuth, dial};
@@ -66,6 +66,8 @@ struct PoolShared {
     last_error: Mutex<Option<String>>,
     /// A clone of each lane's current connection, so shutdown can cut I/O in progress.
     open: Mutex<Vec<Option<TcpStream>>>,
+    /// What each lane moved: `(bytes, slices)`, each written by its lane alone.
+    moved: Box<[(LocalCounter, LocalCounter)]>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -89,6 +91,7 @@ impl Pool {
             last_connect_failure: Mutex::new(None),
             last_error: Mutex::new(None),
             open: Mutex::new((0..lane_count).map(|_| None).collect()),
+            moved: (0..lane_count).map(|_| Default::default()).collect(),
         });
         let mut lanes = Vec::new();
         for lane in 0..lane_count {
@@ -128,10 +131,13 @@ impl Pool {
     pub(crate) fn peer_stats(&self) -> PeerStats {
         let endpoints = lock(&self.shared.open).iter().flatten().count();
         let last_error = lock(&self.shared.last_error).clone();
+        let moved = &self.shared.moved;
         PeerStats {
             peer: self.shared.endpoint.clone(),
             state: PeerState::of(endpoints, 0, last_error.is_some()),
             endpoints,
+            bytes: moved.iter().map(|(b, _)| b.get()).sum(),
+            slices: moved.iter().map(|(_, s)| s.get()).sum(),
             last_error,
         }
     }
@@ -189,7 +195,7 @@ fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Slice>) {
                 }
             },
         };
-        let healthy = window.run(shared, stream, receiver);
+        let healthy = window.run(shared, lane, stream, receiver);
         last_used = Instant::now();
         if !healthy {
             connection = None;
@@ -304,6 +310,7 @@ impl Window {
     fn run(
         &mut self,
         shared: &PoolShared,
+        lane: usize,
         stream: &mut TcpStream,
         receiver: &Receiver<Slice>,
     ) -> bool {
@@ -311,7 +318,7 @@ impl Window {
         let mut last_progress = Instant::now();
         while !self.is_empty() {
             let outcome = self.send(shared, stream).and_then(|sent| {
-                let received = self.receive(shared, stream)?;
+                let received = self.receive(shared, lane, stream)?;
                 Ok(matches!(sent, Step::Moved) || matches!(received, Step::Moved))
             });
             match outcome {
@@ -432,7 +439,12 @@ impl Window {
 
     /// Takes as much of the replies as the socket holds now, completing each slice whose
     /// reply is whole.
-    fn receive(&mut self, shared: &PoolShared, stream: &mut TcpStream) -> Result<Step, Failure> {
+    fn receive(
+        &mut self,
+        shared: &PoolShared,
+        lane: usize,
+        stream: &mut TcpStream,
+    ) -> Result<Step, Failure> {
         let mut step = Step::Blocked;
         while let Some(front) = self.awaiting.front_mut() {
             let status_len = if front.v2 { 8 } else { 0 };
@@ -500,6 +512,10 @@ impl Window {
             }
             if let Some(done) = self.awaiting.pop_front() {
                 self.bytes -= done.slice.len;
+                if let Some((bytes, slices)) = shared.moved.get(lane) {
+                    bytes.add(done.slice.len as u64);
+                    slices.add(1);
+                }
                 done.slice.complete();
             }
         }

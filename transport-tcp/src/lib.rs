@@ -31,7 +31,7 @@ use tern_engine::{
 };
 use tern_metadata::auth::ClusterSecret;
 
-pub use server::serve_request;
+pub use server::{Served, serve_request};
 
 /// Gives `socket` send and receive buffers of `bytes` each, when asked to.
 fn size_buffers(socket: socket2::SockRef<'_>, bytes: Option<usize>) -> std::io::Result<()> {
@@ -249,7 +249,19 @@ impl Transport for TcpTransport {
         let pools = running.pools.lock().unwrap_or_else(|p| p.into_inner());
         let mut peers: Vec<_> = pools.values().map(|pool| pool.peer_stats()).collect();
         peers.sort_by(|a, b| a.peer.cmp(&b.peer));
-        TransportReport { retries: 0, peers }
+        let served = running
+            .server
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(server::Server::served)
+            .unwrap_or_default();
+        TransportReport {
+            retries: 0,
+            peers,
+            nics: Vec::new(),
+            served,
+        }
     }
 
     fn shutdown(&self) {

@@ -6,12 +6,14 @@
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use tern_engine::ServedStats;
 use tern_memreg::{MemoryRegistry, RegionIo, RegionSlice};
 use tern_metadata::auth::{self, Channel, ClusterSecret, Identity};
 use tern_metadata::net::{
-    Acceptor, DeadlineRead, Replayed, ServeLimits, Served, bind_listener, is_tick,
+    Acceptor, DeadlineRead, Replayed, ServeLimits, Served as Connection, bind_listener, is_tick,
 };
 
 use crate::TcpConfig;
@@ -28,6 +30,7 @@ const MIN_BODY_RATE: u64 = 1 << 20;
 #[derive(Debug)]
 pub(crate) struct Server {
     acceptor: Acceptor,
+    counts: Arc<ServedCounts>,
 }
 
 impl Server {
@@ -54,17 +57,31 @@ impl Server {
             write_timeout: config.io_timeout,
         };
         let io_timeout = config.io_timeout;
-        let serve = move |served: Served| {
-            let peer = served.peer.clone();
-            let stopping = served.stop_flag();
-            if let Err(reason) = serve(served, &registry, io_timeout, secret.as_ref(), &identity)
-                && !stopping.load(std::sync::atomic::Ordering::Acquire)
+        let counts = Arc::new(ServedCounts::default());
+        let served = counts.clone();
+        let serve = move |connection: Connection| {
+            let peer = connection.peer.clone();
+            let stopping = connection.stop_flag();
+            let outcome = serve(
+                connection,
+                &registry,
+                io_timeout,
+                secret.as_ref(),
+                &identity,
+                &served,
+            );
+            if let Err(reason) = outcome
+                && !stopping.load(Ordering::Acquire)
             {
                 tracing::warn!("tcp data connection from {peer} dropped: {reason}");
             }
         };
         let acceptor = Acceptor::serve(listener, &name, limits, Arc::new(serve))?;
-        Ok(Self { acceptor })
+        Ok(Self { acceptor, counts })
+    }
+
+    pub(crate) fn served(&self) -> ServedStats {
+        self.counts.stats()
     }
 
     pub(crate) fn local_addr(&self) -> SocketAddr {
@@ -74,11 +91,12 @@ impl Server {
 
 /// Serves one connection until the peer closes it (`Ok`) or misbehaves (`Err(reason)`).
 fn serve(
-    mut served: Served,
+    mut served: Connection,
     registry: &MemoryRegistry,
     io_timeout: Duration,
     secret: Option<&ClusterSecret>,
     me: &Identity,
+    counts: &ServedCounts,
 ) -> Result<(), String> {
     if let Some(secret) = secret {
         // The exchange is one frame: bounded from the first byte by the frame deadline.
@@ -113,7 +131,43 @@ fn serve(
             stream: &mut served.stream,
             deadline,
         };
-        serve_request(&mut conn, &header, registry)?;
+        match serve_request(&mut conn, &header, registry)? {
+            Served::Read(bytes) => {
+                counts.reads.fetch_add(1, Ordering::Relaxed);
+                counts.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+            }
+            Served::Wrote(bytes) => {
+                counts.writes.fetch_add(1, Ordering::Relaxed);
+                counts.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+            }
+            Served::Rejected => {
+                counts.rejected.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// What the server's connections served, summed over all of them (each request costs a
+/// syscall or more; two relaxed adds beside that are nothing).
+#[derive(Debug, Default)]
+pub(crate) struct ServedCounts {
+    reads: AtomicU64,
+    read_bytes: AtomicU64,
+    writes: AtomicU64,
+    write_bytes: AtomicU64,
+    rejected: AtomicU64,
+}
+
+impl ServedCounts {
+    pub(crate) fn stats(&self) -> ServedStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ServedStats {
+            reads: get(&self.reads),
+            read_bytes: get(&self.read_bytes),
+            writes: get(&self.writes),
+            write_bytes: get(&self.write_bytes),
+            rejected: get(&self.rejected),
+        }
     }
 }
 
@@ -146,16 +200,27 @@ fn read_rest(
     Ok(())
 }
 
+/// What [`serve_request`] did with a request the connection survives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Sent this many bytes of registered memory.
+    Read(u64),
+    /// Took this many bytes into registered memory.
+    Wrote(u64),
+    /// Refused the range, told the peer so, and kept the stream in step.
+    Rejected,
+}
+
 /// Serves one request whose header has been read from `conn`: admits it against the
 /// registered, remote-accessible memory of `registry` (the server's only admission check) and
-/// moves its bytes over `conn`. `Ok` to go on with the next request; `Err` with the reason to
-/// close the connection. What the server runs for every request, public so that it can be
-/// fuzzed without a socket.
+/// moves its bytes over `conn`. `Ok` (with what it did) to go on with the next request; `Err`
+/// with the reason to close the connection. What the server runs for every request, public
+/// so that it can be fuzzed without a socket.
 pub fn serve_request<C: RegionIo + Read + Write>(
     conn: &mut C,
     header: &Header,
     registry: &MemoryRegistry,
-) -> Result<(), String> {
+) -> Result<Served, String> {
     let op = header.operation();
     if op != OP_READ && op != OP_WRITE {
         if header.size.to_le_bytes() == auth::MAGIC {
@@ -183,18 +248,18 @@ pub fn serve_request<C: RegionIo + Read + Write>(
             let prefix: &[u8] = if header.is_v2() { &status } else { &[] };
             pin.write_prefixed_to(prefix, addr, size, conn)
                 .map_err(io)?;
+            Ok(Served::Read(header.size))
         }
         (_, Ok((pin, addr, size))) => {
             pin.read_exact_from(addr, size, conn).map_err(io)?;
             if header.is_v2() {
                 conn.write_all(&Status::Ok.encode()).map_err(io)?;
             }
+            Ok(Served::Wrote(header.size))
         }
-        (_, Err(reason)) if !header.is_v2() => {
-            return Err(format!(
-                "v1 request rejected ({reason}); v1 cannot signal it"
-            ));
-        }
+        (_, Err(reason)) if !header.is_v2() => Err(format!(
+            "v1 request rejected ({reason}); v1 cannot signal it"
+        )),
         (OP_READ, Err(reason)) => {
             tracing::debug!(
                 "rejecting read at {:#x}+{}: {reason}",
@@ -203,6 +268,7 @@ pub fn serve_request<C: RegionIo + Read + Write>(
             );
             conn.write_all(&Status::AddressRejected.encode())
                 .map_err(io)?;
+            Ok(Served::Rejected)
         }
         (_, Err(reason)) => {
             if header.size > MAX_DRAIN {
@@ -222,9 +288,9 @@ pub fn serve_request<C: RegionIo + Read + Write>(
             }
             conn.write_all(&Status::AddressRejected.encode())
                 .map_err(io)?;
+            Ok(Served::Rejected)
         }
     }
-    Ok(())
 }
 
 /// A served connection under one request's deadline: reads and writes that wake at the

@@ -475,7 +475,7 @@ fn instructions_per_slice() {
         return;
     }
     let exe = root().join("target/release/examples/slice_cost");
-    let count = |batches: u32| -> Option<f64> {
+    let count = |batches: u32, metrics: &str| -> Option<f64> {
         let out = root().join(format!("target/callgrind.slice_cost.{batches}"));
         let output = Command::new("valgrind")
             .arg("--tool=callgrind")
@@ -483,6 +483,7 @@ fn instructions_per_slice() {
             .arg(&exe)
             .arg(batches.to_string())
             .env("TERN_WAIT_SPIN_US", "0")
+            .env("TERN_METRICS", metrics)
             .output()
             .ok()?;
         let text = String::from_utf8_lossy(&output.stderr);
@@ -494,10 +495,12 @@ fn instructions_per_slice() {
             .parse()
             .ok()
     };
-    match (count(20), count(120)) {
-        (Some(a), Some(b)) => println!(
-            "\nEngine instructions per 64 KiB slice (batch of 128, a transport completing on another thread; callgrind): {:.0}",
-            (b - a) / (100.0 * 128.0)
+    let per_slice =
+        |metrics: &str| Some((count(120, metrics)? - count(20, metrics)?) / (100.0 * 128.0));
+    match (per_slice("1"), per_slice("0")) {
+        (Some(on), Some(off)) => println!(
+            "\nEngine instructions per 64 KiB slice (batch of 128, a transport completing on another thread; callgrind): {on:.0} with metrics, {off:.0} without ({:+.0} for counters and timing)",
+            on - off
         ),
         _ => eprintln!("xtask: no valgrind here; instructions per slice not counted"),
     }

@@ -1,7 +1,7 @@
 //! `tern-metadata-server`: Mooncake's HTTP metadata protocol, in memory. Point any node at
-//! `http://<addr>:<port>/metadata`, a Mooncake node included. It serves until SIGINT or
-//! SIGTERM, whatever its stdin is, then stops listening and exits 0 (a second signal exits at
-//! once).
+//! `http://<addr>:<port>/metadata`, a Mooncake node included; its own metrics (Prometheus
+//! text) are at `http://<addr>:<port>/metrics`. It serves until SIGINT or SIGTERM, whatever
+//! its stdin is, then stops listening and exits 0 (a second signal exits at once).
 #![forbid(unsafe_code)]
 
 // Shared with `tern-bench`, which uses all of it.

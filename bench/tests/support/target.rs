@@ -5,13 +5,14 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
 use std::thread::JoinHandle;
 
 /// A running target. Dropping it kills the process (SIGKILL) if it still runs.
 pub struct Target {
     pub child: Child,
     pub segment: String,
+    stdout: BufReader<ChildStdout>,
     stderr: Option<JoinHandle<String>>,
 }
 
@@ -28,14 +29,14 @@ impl Target {
             .spawn()
             .unwrap();
         let stderr = drain(child.stderr.take().unwrap());
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        stdout.read_line(&mut line).unwrap();
         match line.trim().strip_prefix("segment: ") {
             Some(segment) => Self {
                 child,
                 segment: segment.to_owned(),
+                stdout,
                 stderr: Some(stderr),
             },
             None => {
@@ -47,6 +48,13 @@ impl Target {
                 );
             }
         }
+    }
+
+    /// The next line the target prints on stdout, without its newline.
+    pub fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim_end().to_owned()
     }
 
     /// Whether the process still runs.
