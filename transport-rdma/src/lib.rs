@@ -512,7 +512,7 @@ impl Transport for RdmaTransport {
             }
             match shared.route(&slice, 0, first.wrapping_add(i), None, &mut cache) {
                 Ok(route) => {
-                    let group = route.nic * workers + shared.worker_index(&route.key);
+                    let group = route.nic * workers + cache.worker_of(&route.key, workers);
                     groups[group].push(Job {
                         slice,
                         attempt: 0,

@@ -32,7 +32,7 @@ impl Ranked {
 pub(crate) struct Side<'a> {
     pub ranked: &'a Ranked,
     /// Device names by index.
-    pub names: &'a [&'a str],
+    pub names: &'a [String],
 }
 
 /// Picks the (local, peer) pair for a slice: `stripe` spreads slices, `attempt` counts
@@ -60,11 +60,11 @@ pub(crate) fn choose(
             local.ranked.all().filter(usable).nth(stripe % count)
         };
         if let Some(l) = l {
-            let name = local.names.get(l).copied().unwrap_or("");
+            let name = local.names.get(l).map_or("", String::as_str);
             let rail = peer
                 .ranked
                 .all()
-                .find(|&p| peer.names.get(p) == Some(&name) && !paused(l, p));
+                .find(|&p| peer.names.get(p).is_some_and(|n| n == name) && !paused(l, p));
             let open = || {
                 peer.ranked
                     .preferred
@@ -253,12 +253,13 @@ mod tests {
         }
     }
 
-    const NAMES: [&str; 2] = ["rxe0", "rxe1"];
+    static NAMES: std::sync::LazyLock<[String; 2]> =
+        std::sync::LazyLock::new(|| ["rxe0".to_owned(), "rxe1".to_owned()]);
 
     fn side(r: &Ranked) -> Side<'_> {
         Side {
             ranked: r,
-            names: &NAMES,
+            names: &*NAMES,
         }
     }
 
@@ -276,7 +277,7 @@ mod tests {
     fn a_peer_without_the_rail_gets_its_preferred_nic() {
         let local = ranked(&[1], &[0]);
         let peer = ranked(&[0], &[]);
-        let peer_names = ["mlx5_0"];
+        let peer_names = ["mlx5_0".to_owned()];
         let peer_side = Side {
             ranked: &peer,
             names: &peer_names,

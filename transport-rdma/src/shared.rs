@@ -96,9 +96,28 @@ fn ranked_in(matrix: &PriorityMatrix, location: &str, names: &[String]) -> Ranke
 /// What routing looked up for one submit call, reused across its slices.
 #[derive(Debug, Default)]
 pub(crate) struct RouteCache {
-    keys: Option<(usize, Arc<NicKeys>)>,
-    local: Option<(String, Arc<Ranked>)>,
+    /// The local region (by address): its keys and the local NICs ranked for its location.
+    keys: Option<(usize, Arc<NicKeys>, Arc<Ranked>)>,
     peer: Option<Arc<PeerView>>,
+    /// Index of the peer buffer the last slice landed in.
+    buffer: Option<usize>,
+    /// The worker of the last path routed to.
+    worker: Option<(Arc<str>, usize)>,
+}
+
+impl RouteCache {
+    /// The worker (of `workers` per NIC) for path `key`: the same path always maps to the
+    /// same worker, so that one worker owns each endpoint; hashed once per run of slices.
+    pub fn worker_of(&mut self, key: &Arc<str>, workers: usize) -> usize {
+        match &self.worker {
+            Some((last, worker)) if Arc::ptr_eq(last, key) => *worker,
+            _ => {
+                let worker = worker_of(key, workers);
+                self.worker = Some((key.clone(), worker));
+                worker
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -228,32 +247,57 @@ impl Shared {
         cache: &mut RouteCache,
     ) -> Result<Route, TransferError> {
         let region = slice.local().info();
-        let keys = match &cache.keys {
-            Some((addr, keys)) if *addr == region.addr => keys.clone(),
+        if cache
+            .keys
+            .as_ref()
+            .is_none_or(|(addr, _, _)| *addr != region.addr)
+        {
+            let keys = self
+                .keys
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&region.addr)
+                .cloned()
+                .ok_or(TransferError::SourceNotRegistered {
+                    addr: slice.local_addr,
+                    len: slice.len,
+                })?;
+            let ranked = lock(&self.local_ranked)
+                .entry(region.location.clone())
+                .or_insert_with(|| Arc::new(ranked_in(&self.matrix, &region.location, &self.names)))
+                .clone();
+            cache.keys = Some((region.addr, keys, ranked));
+        }
+        if cache
+            .peer
+            .as_ref()
+            .is_none_or(|view| !Arc::ptr_eq(&view.segment, slice.peer()))
+        {
+            cache.peer = Some(self.peer_view(slice.peer()));
+            cache.buffer = None;
+        }
+        let (Some((_, keys, local_ranked)), Some(peer)) = (&cache.keys, &cache.peer) else {
+            return Err(TransferError::SourceNotRegistered {
+                addr: slice.local_addr,
+                len: slice.len,
+            });
+        };
+        let desc = &slice.peer().desc;
+        // Slices of one run usually land in one buffer of the peer: try the last one first.
+        let (from, len) = (slice.remote_addr, slice.len as u64);
+        let buffer = match cache.buffer.and_then(|i| desc.buffers.get(i)) {
+            Some(buffer) if buffer.contains(from, len) => buffer,
             _ => {
-                let keys = self
-                    .keys
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&region.addr)
-                    .cloned()
-                    .ok_or(TransferError::SourceNotRegistered {
-                        addr: slice.local_addr,
-                        len: slice.len,
-                    })?;
-                cache.keys = Some((region.addr, keys.clone()));
-                keys
+                let found = desc.buffer_containing(from, len);
+                cache.buffer =
+                    found.and_then(|b| desc.buffers.iter().position(|x| std::ptr::eq(x, b)));
+                found.ok_or_else(|| TransferError::TargetOutOfRange {
+                    segment: slice.peer().name.clone(),
+                    addr: slice.remote_addr,
+                    len: slice.len,
+                })?
             }
         };
-        let buffer = slice
-            .peer()
-            .desc
-            .buffer_containing(slice.remote_addr, slice.len as u64)
-            .ok_or_else(|| TransferError::TargetOutOfRange {
-                segment: slice.peer().name.clone(),
-                addr: slice.remote_addr,
-                len: slice.len,
-            })?;
         let rkeys = match &buffer.rkey {
             Some(rkeys) if !rkeys.is_empty() => rkeys,
             // Not remote-accessible there: the peer would refuse it.
@@ -265,33 +309,10 @@ impl Shared {
                 });
             }
         };
-        let local_ranked = match &cache.local {
-            Some((location, ranked)) if *location == region.location => ranked.clone(),
-            _ => {
-                let ranked = lock(&self.local_ranked)
-                    .entry(region.location.clone())
-                    .or_insert_with(|| {
-                        Arc::new(ranked_in(&self.matrix, &region.location, &self.names))
-                    })
-                    .clone();
-                cache.local = Some((region.location.clone(), ranked.clone()));
-                ranked
-            }
-        };
-        let peer = match &cache.peer {
-            Some(view) if Arc::ptr_eq(&view.segment, slice.peer()) => view.clone(),
-            _ => {
-                let view = self.peer_view(slice.peer());
-                cache.peer = Some(view.clone());
-                view
-            }
-        };
         let unreachable = |why: String| TransferError::Connection {
             peer: slice.peer().name.clone(),
             message: why,
         };
-        let local_names: Vec<&str> = self.names.iter().map(String::as_str).collect();
-        let peer_names: Vec<&str> = peer.names.iter().map(String::as_str).collect();
         let computed;
         let peer_ranked = match peer.ranked.get(&buffer.name) {
             Some(ranked) => ranked,
@@ -300,21 +321,21 @@ impl Shared {
                 &computed
             }
         };
-        let now = Instant::now();
+        // Health (and a clock read) only once something has failed.
         let health = self
             .maybe_paused
             .load(Ordering::Relaxed)
-            .then(|| lock(&self.health));
+            .then(|| (lock(&self.health), Instant::now()));
         let paused = |l: usize, p: usize| -> bool {
             if self.nics[l].port_down.load(Ordering::Relaxed) {
                 return true;
             }
-            health.as_ref().is_some_and(|h| {
-                h.nic_paused(l, now)
+            health.as_ref().is_some_and(|(h, now)| {
+                h.nic_paused(l, *now)
                     || peer
                         .paths
                         .get(p)
-                        .is_some_and(|path| h.path_paused(l, path, now))
+                        .is_some_and(|path| h.path_paused(l, path, *now))
             })
         };
         let avoid = avoid.and_then(|(l, key)| {
@@ -325,12 +346,12 @@ impl Shared {
         });
         let (l, p) = choose(
             &Side {
-                ranked: &local_ranked,
-                names: &local_names,
+                ranked: local_ranked,
+                names: &self.names,
             },
             &Side {
                 ranked: peer_ranked,
-                names: &peer_names,
+                names: &peer.names,
             },
             stripe,
             attempt,

@@ -113,17 +113,21 @@ impl Pool {
         })
     }
 
-    pub(crate) fn push(&self, slice: Slice) {
+    /// Queues slices for the lanes: the lock once for all of them, one channel send each (so
+    /// that whichever lane is free takes the next).
+    pub(crate) fn push_all(&self, slices: impl IntoIterator<Item = Slice>) {
         let sender = self.sender.lock().unwrap_or_else(|p| p.into_inner());
-        match sender.as_ref() {
-            Some(sender) => {
-                if let Err(returned) = sender.send(slice) {
-                    returned
-                        .into_inner()
-                        .fail(TransferError::Dropped("TCP lanes have stopped".into()));
+        for slice in slices {
+            match sender.as_ref() {
+                Some(sender) => {
+                    if let Err(returned) = sender.send(slice) {
+                        returned
+                            .into_inner()
+                            .fail(TransferError::Dropped("TCP lanes have stopped".into()));
+                    }
                 }
+                None => slice.fail(TransferError::Dropped("TCP transport shut down".into())),
             }
-            None => slice.fail(TransferError::Dropped("TCP transport shut down".into())),
         }
     }
 
@@ -162,9 +166,10 @@ fn config_lanes(config: &TcpConfig) -> usize {
 fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Slice>) {
     let mut connection: Option<TcpStream> = None;
     let mut last_used = Instant::now();
+    // Empty between runs; kept for its buffers.
+    let mut window = Window::default();
     // Blocks for the first slice only when nothing is in flight.
     while let Ok(first) = receiver.recv() {
-        let mut window = Window::default();
         window.take(shared, first);
         window.fill(shared, receiver);
         if window.is_empty() {
@@ -243,11 +248,42 @@ struct Awaiting {
     body_got: usize,
 }
 
+impl Awaiting {
+    fn new(slice: Slice, v2: bool) -> Self {
+        Self {
+            slice,
+            v2,
+            status: [0; 8],
+            status_got: 0,
+            body_got: 0,
+        }
+    }
+}
+
+/// The wire header of `slice`'s request, and whether it speaks v2 (status frames).
+fn request_header(shared: &PoolShared, slice: &Slice) -> ([u8; HEADER_LEN], bool) {
+    let v2 = shared.config.proto_version >= 2 && slice.peer().desc.tcp_proto_version >= 2;
+    let op = match slice.opcode() {
+        Opcode::Read => OP_READ,
+        Opcode::Write => OP_WRITE,
+    };
+    let header = Header {
+        size: slice.len as u64,
+        addr: slice.remote_addr,
+        opcode: if v2 { op | OP_V2 } else { op },
+    }
+    .encode();
+    (header, v2)
+}
+
 /// What one lane has taken on: requests to send, the one being sent, and those awaiting
 /// replies, oldest first.
 #[derive(Debug, Default)]
 struct Window {
     queued: VecDeque<Slice>,
+    /// Headers of reads that await replies, not all on the wire yet (kept for reuse).
+    read_headers: Vec<u8>,
+    read_headers_sent: usize,
     sending: Option<Sending>,
     awaiting: VecDeque<Awaiting>,
     bytes: usize,
@@ -302,6 +338,8 @@ impl Window {
         for slice in awaiting.chain(sending).chain(self.queued.drain(..)) {
             slice.fail(error());
         }
+        self.read_headers.clear();
+        self.read_headers_sent = 0;
         self.bytes = 0;
     }
 
@@ -331,7 +369,9 @@ impl Window {
                     if left.is_zero() {
                         return self.broken(shared, "no progress within the I/O timeout".into());
                     }
-                    let want_write = self.sending.is_some() || !self.queued.is_empty();
+                    let want_write = self.sending.is_some()
+                        || !self.queued.is_empty()
+                        || self.read_headers_sent < self.read_headers.len();
                     let want_read = !self.awaiting.is_empty();
                     if let Err(e) = wait_ready(stream.as_fd(), want_read, want_write, Some(left)) {
                         return self.broken(shared, e.to_string());
@@ -363,11 +403,45 @@ impl Window {
         false
     }
 
-    /// Sends as much of the pending requests as the socket takes now.
+    /// Sends as much of the pending requests as the socket takes now. The headers of reads
+    /// queued one after another go out together, in one write.
     fn send(&mut self, shared: &PoolShared, stream: &mut TcpStream) -> Result<Step, Failure> {
         let mut step = Step::Blocked;
         loop {
+            if self.read_headers_sent < self.read_headers.len() {
+                match io::Write::write(stream, &self.read_headers[self.read_headers_sent..]) {
+                    Ok(0) => return Err(Failure::Io(io::ErrorKind::WriteZero.into())),
+                    Ok(n) => {
+                        self.read_headers_sent += n;
+                        step = Step::Moved;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(step),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::Io(e)),
+                }
+                continue;
+            }
+            self.read_headers.clear();
+            self.read_headers_sent = 0;
             if self.sending.is_none() {
+                // Reads first in the queue: their headers, all at once. They await their
+                // replies already: the server answers none before its header arrives.
+                while let Some(read) = self
+                    .queued
+                    .pop_front_if(|slice| slice.opcode() == Opcode::Read)
+                {
+                    if !read.is_live() {
+                        self.bytes -= read.len;
+                        read.abandon();
+                        continue;
+                    }
+                    let (header, v2) = request_header(shared, &read);
+                    self.read_headers.extend_from_slice(&header);
+                    self.awaiting.push_back(Awaiting::new(read, v2));
+                }
+                if !self.read_headers.is_empty() {
+                    continue;
+                }
                 let Some(slice) = self.queued.pop_front() else {
                     return Ok(step);
                 };
@@ -376,18 +450,7 @@ impl Window {
                     slice.abandon();
                     continue;
                 }
-                let v2 =
-                    shared.config.proto_version >= 2 && slice.peer().desc.tcp_proto_version >= 2;
-                let op = match slice.opcode() {
-                    Opcode::Read => OP_READ,
-                    Opcode::Write => OP_WRITE,
-                };
-                let header = Header {
-                    size: slice.len as u64,
-                    addr: slice.remote_addr,
-                    opcode: if v2 { op | OP_V2 } else { op },
-                }
-                .encode();
+                let (header, v2) = request_header(shared, &slice);
                 self.sending = Some(Sending {
                     slice,
                     header,
@@ -426,13 +489,7 @@ impl Window {
                 }
             }
             if let Some(done) = self.sending.take() {
-                self.awaiting.push_back(Awaiting {
-                    slice: done.slice,
-                    v2: done.v2,
-                    status: [0; 8],
-                    status_got: 0,
-                    body_got: 0,
-                });
+                self.awaiting.push_back(Awaiting::new(done.slice, done.v2));
             }
         }
     }

@@ -224,21 +224,21 @@ impl Transport for TcpTransport {
             }
             return;
         };
-        let mut current: Option<((String, u16), Arc<client::Pool>)> = None;
-        for slice in slices {
-            let key = (
-                slice.peer().rpc.ip_or_host_name.clone(),
-                slice.peer().desc.tcp_data_port,
+        // Runs of slices to one peer view (a submit usually has one) go to its pool together;
+        // the pool is looked up once per run, by the peer's address.
+        let mut slices = slices.into_iter().peekable();
+        while let Some(first) = slices.next() {
+            let peer = first.peer().clone();
+            let pool = Self::pool(
+                running,
+                &peer.rpc.ip_or_host_name,
+                peer.desc.tcp_data_port,
+                &peer.desc.name,
             );
-            let pool = match &current {
-                Some((k, pool)) if *k == key => pool.clone(),
-                _ => {
-                    let pool = Self::pool(running, &key.0, key.1, &slice.peer().desc.name);
-                    current = Some((key, pool.clone()));
-                    pool
-                }
-            };
-            pool.push(slice);
+            let run = std::iter::once(first).chain(std::iter::from_fn(|| {
+                slices.next_if(|s| Arc::ptr_eq(s.peer(), &peer))
+            }));
+            pool.push_all(run);
         }
     }
 
