@@ -426,10 +426,14 @@ impl Window {
             if self.sending.is_none() {
                 // Reads first in the queue: their headers, all at once. They await their
                 // replies already: the server answers none before its header arrives.
-                while let Some(read) = self
+                while self
                     .queued
-                    .pop_front_if(|slice| slice.opcode() == Opcode::Read)
+                    .front()
+                    .is_some_and(|slice| slice.opcode() == Opcode::Read)
                 {
+                    let Some(read) = self.queued.pop_front() else {
+                        break;
+                    };
                     if !read.is_live() {
                         self.bytes -= read.len;
                         read.abandon();
