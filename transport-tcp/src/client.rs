@@ -246,6 +246,8 @@ struct Awaiting {
     status_got: usize,
     /// Bytes of a read's data received.
     body_got: usize,
+    /// Whether the status frame has been decoded (and was Ok).
+    checked: bool,
 }
 
 impl Awaiting {
@@ -256,6 +258,7 @@ impl Awaiting {
             status: [0; 8],
             status_got: 0,
             body_got: 0,
+            checked: false,
         }
     }
 }
@@ -498,6 +501,37 @@ impl Window {
         }
     }
 
+    /// Reads (part of) the front request's status frame, and with it those of the writes
+    /// right behind it: a write's reply is its status frame alone, so the frames of the
+    /// writes at the front can be taken in one read without taking a byte beyond them.
+    fn read_statuses(&mut self, stream: &mut TcpStream) -> io::Result<usize> {
+        let mut statuses = [0u8; 8 * PIPELINE_SLICES];
+        let mut wanted = 0;
+        for (i, awaiting) in self.awaiting.iter().enumerate() {
+            let write = awaiting.v2 && awaiting.slice.opcode() == Opcode::Write;
+            if (i > 0 && !write) || wanted + 8 > statuses.len() {
+                break;
+            }
+            wanted += 8 - awaiting.status_got;
+            if !write {
+                break;
+            }
+        }
+        let got = stream.read(&mut statuses[..wanted])?;
+        let mut taken = 0;
+        for awaiting in self.awaiting.iter_mut() {
+            let room = (8 - awaiting.status_got).min(got - taken);
+            if room == 0 {
+                break;
+            }
+            awaiting.status[awaiting.status_got..awaiting.status_got + room]
+                .copy_from_slice(&statuses[taken..taken + room]);
+            awaiting.status_got += room;
+            taken += room;
+        }
+        Ok(got)
+    }
+
     /// Takes as much of the replies as the socket holds now, completing each slice whose
     /// reply is whole.
     fn receive(
@@ -507,25 +541,26 @@ impl Window {
         stream: &mut TcpStream,
     ) -> Result<Step, Failure> {
         let mut step = Step::Blocked;
-        while let Some(front) = self.awaiting.front_mut() {
+        while let Some(front) = self.awaiting.front() {
             let status_len = if front.v2 { 8 } else { 0 };
             let (is_read, len) = (front.slice.opcode() == Opcode::Read, front.slice.len);
             // A write's status comes after its data reached the server, a read's before its
             // data: either way the status is first on the wire for this request.
             if front.status_got < status_len {
-                match stream.read(&mut front.status[front.status_got..]) {
+                match self.read_statuses(stream) {
                     Ok(0) => return Err(Failure::Io(io::ErrorKind::UnexpectedEof.into())),
-                    Ok(n) => {
-                        front.status_got += n;
-                        step = Step::Moved;
-                    }
+                    Ok(_) => step = Step::Moved,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(step),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(Failure::Io(e)),
                 }
-                if front.status_got < status_len {
-                    continue;
-                }
+                continue;
+            }
+            let Some(front) = self.awaiting.front_mut() else {
+                break;
+            };
+            if status_len > 0 && !front.checked {
+                front.checked = true;
                 match Status::decode(front.status) {
                     Ok(Status::Ok) => {}
                     Ok(Status::AddressRejected) => {
