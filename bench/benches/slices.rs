@@ -8,7 +8,9 @@
 //!   per slice;
 //! - `slices/16x1m_per_slice`: a batch of 16 requests of 1 MiB (16 slices each), per slice;
 //! - `slices/batch1_64k_per_request`: one 64 KiB request per batch, per request (the round
-//!   trip through the worker included).
+//!   trip through the worker included);
+//! - `slices/128x64k_per_slice_metrics_off`: the first with the engine's counting and timing
+//!   off (`TransferEngineBuilder::metrics(false)`), for what metrics cost per slice.
 //!
 //! Before the benches it prints the heap allocations per slice in steady state, counted by a
 //! counting global allocator over 1000 batches of 128.
@@ -17,56 +19,15 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use crossbeam_channel::{Receiver, Sender};
-use tern_engine::{
-    RegionInfo, SegmentDesc, SegmentId, Slice, TransferEngine, TransferRequest, Transport,
-    TransportContext, TransportError,
-};
+use tern_engine::{SegmentId, TransferEngine, TransferRequest};
 use tern_memreg::CountingAllocator;
+
+#[path = "support/threaded.rs"]
+mod threaded;
+use threaded::ThreadedTransport;
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
-
-/// Completes every slice on a worker thread of its own.
-struct ThreadedTransport {
-    slice_size: usize,
-    to_worker: Sender<Vec<Slice>>,
-}
-
-impl ThreadedTransport {
-    fn new(slice_size: usize) -> Self {
-        let (to_worker, from_submitters): (Sender<Vec<Slice>>, Receiver<Vec<Slice>>) =
-            crossbeam_channel::unbounded();
-        std::thread::spawn(move || {
-            while let Ok(slices) = from_submitters.recv() {
-                for slice in slices {
-                    slice.complete();
-                }
-            }
-        });
-        Self {
-            slice_size,
-            to_worker,
-        }
-    }
-}
-
-impl Transport for ThreadedTransport {
-    fn protocol(&self) -> &'static str {
-        "threaded"
-    }
-    fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn describe(&self, _desc: &mut SegmentDesc, _regions: &[RegionInfo]) {}
-    fn max_slice_size(&self) -> usize {
-        self.slice_size
-    }
-    fn submit(&self, slices: Vec<Slice>) {
-        let _ = self.to_worker.send(slices);
-    }
-    fn shutdown(&self) {}
-}
 
 struct Setup {
     engine: TransferEngine,
@@ -74,9 +35,10 @@ struct Setup {
     requests: Vec<TransferRequest>,
 }
 
-fn setup(count: usize, len: usize) -> Setup {
+fn setup(count: usize, len: usize, metrics: bool) -> Setup {
     let engine = TransferEngine::builder()
         .local_server_name("127.0.0.1")
+        .metrics(metrics)
         .transport(ThreadedTransport::new(64 << 10))
         .build()
         .expect("engine");
@@ -114,7 +76,7 @@ fn one_batch(setup: &Setup) {
 }
 
 fn allocations_per_slice() {
-    let setup = setup(128, 64 << 10);
+    let setup = setup(128, 64 << 10, true);
     for _ in 0..100 {
         one_batch(&setup);
     }
@@ -129,8 +91,8 @@ fn allocations_per_slice() {
     );
 }
 
-fn per_slice(c: &mut Criterion, name: &str, count: usize, len: usize) {
-    let setup = setup(count, len);
+fn per_slice(c: &mut Criterion, name: &str, count: usize, len: usize, metrics: bool) {
+    let setup = setup(count, len, metrics);
     let slices = (count * len.div_ceil(64 << 10)) as u32;
     c.bench_function(name, |b| {
         b.iter_custom(|iters| {
@@ -145,9 +107,16 @@ fn per_slice(c: &mut Criterion, name: &str, count: usize, len: usize) {
 
 fn slices(c: &mut Criterion) {
     allocations_per_slice();
-    per_slice(c, "slices/128x64k_per_slice", 128, 64 << 10);
-    per_slice(c, "slices/16x1m_per_slice", 16, 1 << 20);
-    per_slice(c, "slices/batch1_64k_per_request", 1, 64 << 10);
+    per_slice(c, "slices/128x64k_per_slice", 128, 64 << 10, true);
+    per_slice(
+        c,
+        "slices/128x64k_per_slice_metrics_off",
+        128,
+        64 << 10,
+        false,
+    );
+    per_slice(c, "slices/16x1m_per_slice", 16, 1 << 20, true);
+    per_slice(c, "slices/batch1_64k_per_request", 1, 64 << 10, true);
 }
 
 criterion_group!(benches, slices);

@@ -4,54 +4,24 @@
 //! by the difference in slices is the engine's instruction cost per slice — a figure that,
 //! unlike time, does not move with the load on a shared machine. `cargo xtask bench` does
 //! that (with `TERN_WAIT_SPIN_US=0`, so waits sleep instead of spinning a varying number of
-//! times).
+//! times); `TERN_METRICS=0` shows what the engine's counting and timing cost.
 
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender};
-use tern_engine::{
-    RegionInfo, SegmentDesc, SegmentId, Slice, TransferEngine, TransferRequest, Transport,
-    TransportContext, TransportError,
-};
+use tern_engine::{SegmentId, TransferEngine, TransferRequest};
 
-struct ThreadedTransport {
-    to_worker: Sender<Vec<Slice>>,
-}
-
-impl Transport for ThreadedTransport {
-    fn protocol(&self) -> &'static str {
-        "threaded"
-    }
-    fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn describe(&self, _desc: &mut SegmentDesc, _regions: &[RegionInfo]) {}
-    fn max_slice_size(&self) -> usize {
-        64 << 10
-    }
-    fn submit(&self, slices: Vec<Slice>) {
-        let _ = self.to_worker.send(slices);
-    }
-    fn shutdown(&self) {}
-}
+#[path = "../benches/support/threaded.rs"]
+mod threaded;
+use threaded::ThreadedTransport;
 
 fn main() {
     let batches: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(100);
-    let (to_worker, from_submitters): (Sender<Vec<Slice>>, Receiver<Vec<Slice>>) =
-        crossbeam_channel::unbounded();
-    let worker = std::thread::spawn(move || {
-        while let Ok(slices) = from_submitters.recv() {
-            for slice in slices {
-                slice.complete();
-            }
-        }
-    });
     let engine = TransferEngine::builder()
         .local_server_name("127.0.0.1")
-        .transport(ThreadedTransport { to_worker })
+        .transport(ThreadedTransport::new(64 << 10))
         .build()
         .expect("engine");
     let len = 64 << 10;
@@ -75,5 +45,4 @@ fn main() {
     }
     drop(buffer);
     drop(engine);
-    let _ = worker.join();
 }

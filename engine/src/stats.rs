@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet, prometheus_text};
 use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::MetricType::{Counter as COUNTER, Gauge as GAUGE};
 use prometheus_client::registry::Registry;
 
 use crate::types::Opcode;
@@ -461,117 +462,147 @@ fn gauge(mut encoder: MetricEncoder<'_>, value: u64) -> std::fmt::Result {
     encoder.encode_gauge(&value)
 }
 
+/// One metric family of one kind of thing: name, help, type, and its value for one thing.
+type Spec<T> = (&'static str, &'static str, MetricType, fn(&T) -> u64);
+
+/// The families of `specs`, each over every thing `things` yields with its labels.
+fn families<'s, T: 's, I: Iterator<Item = (Labels, &'s T)>>(
+    encoder: &mut DescriptorEncoder<'_>,
+    specs: &[Spec<T>],
+    things: impl Fn() -> I,
+) -> std::fmt::Result {
+    for &(name, help, metric_type, field) in specs {
+        let write = match metric_type {
+            MetricType::Counter => counter,
+            _ => gauge,
+        };
+        let series = things().map(|(labels, thing)| (labels, field(thing)));
+        family(encoder, name, help, metric_type, series, write)?;
+    }
+    Ok(())
+}
+
+const PER_TRANSPORT: [Spec<TransportStats>; 9] = [
+    (
+        "tern_transport_bytes",
+        "Bytes of completed slices.",
+        COUNTER,
+        |t| t.bytes,
+    ),
+    ("tern_transport_slices", "Completed slices.", COUNTER, |t| {
+        t.slices
+    }),
+    (
+        "tern_transport_retries",
+        "Slices moved again after a failure.",
+        COUNTER,
+        |t| t.retries,
+    ),
+    (
+        "tern_transport_failures",
+        "Slices that failed.",
+        COUNTER,
+        |t| t.failures,
+    ),
+    (
+        "tern_served_reads",
+        "Reads peers made of this node's memory.",
+        COUNTER,
+        |t| t.served.reads,
+    ),
+    (
+        "tern_served_read_bytes",
+        "Bytes peers read from this node.",
+        COUNTER,
+        |t| t.served.read_bytes,
+    ),
+    (
+        "tern_served_writes",
+        "Writes peers made into this node's memory.",
+        COUNTER,
+        |t| t.served.writes,
+    ),
+    (
+        "tern_served_write_bytes",
+        "Bytes peers wrote into this node.",
+        COUNTER,
+        |t| t.served.write_bytes,
+    ),
+    (
+        "tern_served_rejected",
+        "Peer requests refused (outside registered memory).",
+        COUNTER,
+        |t| t.served.rejected,
+    ),
+];
+
+const PER_PEER: [Spec<PeerStats>; 3] = [
+    (
+        "tern_peer_bytes",
+        "Bytes moved with the peer.",
+        COUNTER,
+        |p| p.bytes,
+    ),
+    (
+        "tern_peer_slices",
+        "Completed slices with the peer.",
+        COUNTER,
+        |p| p.slices,
+    ),
+    (
+        "tern_peer_endpoints",
+        "Open connections (TCP) or endpoints (RDMA) to the peer.",
+        GAUGE,
+        |p| p.endpoints as u64,
+    ),
+];
+
+const PER_NIC: [Spec<NicStats>; 4] = [
+    (
+        "tern_nic_bytes",
+        "Bytes of completed slices on the NIC.",
+        COUNTER,
+        |n| n.bytes,
+    ),
+    (
+        "tern_nic_slices",
+        "Completed slices on the NIC.",
+        COUNTER,
+        |n| n.slices,
+    ),
+    (
+        "tern_nic_failures",
+        "Slices that failed on the NIC.",
+        COUNTER,
+        |n| n.failures,
+    ),
+    (
+        "tern_nic_paused",
+        "1 while the NIC is paused (its port is down, or it kept failing).",
+        GAUGE,
+        |n| u64::from(n.paused),
+    ),
+];
+
 impl Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
         let stats = &self.0;
-        let transport = |t: &TransportStats| vec![("transport", t.protocol.clone())];
-        type Field<T> = fn(&T) -> u64;
-        let per_transport: [(&str, &str, Field<TransportStats>); 4] = [
-            ("tern_transport_bytes", "Bytes of completed slices.", |t| {
-                t.bytes
-            }),
-            ("tern_transport_slices", "Completed slices.", |t| t.slices),
-            (
-                "tern_transport_retries",
-                "Slices moved again after a failure.",
-                |t| t.retries,
-            ),
-            ("tern_transport_failures", "Slices that failed.", |t| {
-                t.failures
-            }),
-        ];
-        for (name, help, field) in per_transport {
-            let series = stats.transports.iter().map(|t| (transport(t), field(t)));
-            family(
-                &mut encoder,
-                name,
-                help,
-                MetricType::Counter,
-                series,
-                counter,
-            )?;
-        }
-
-        let per_served: [(&str, &str, Field<ServedStats>); 5] = [
-            (
-                "tern_served_reads",
-                "Reads peers made of this node's memory.",
-                |s| s.reads,
-            ),
-            (
-                "tern_served_read_bytes",
-                "Bytes peers read from this node.",
-                |s| s.read_bytes,
-            ),
-            (
-                "tern_served_writes",
-                "Writes peers made into this node's memory.",
-                |s| s.writes,
-            ),
-            (
-                "tern_served_write_bytes",
-                "Bytes peers wrote into this node.",
-                |s| s.write_bytes,
-            ),
-            (
-                "tern_served_rejected",
-                "Peer requests refused (outside registered memory).",
-                |s| s.rejected,
-            ),
-        ];
-        for (name, help, field) in per_served {
-            let series = stats
+        let transports = || {
+            stats
                 .transports
                 .iter()
-                .map(|t| (transport(t), field(&t.served)));
-            family(
-                &mut encoder,
-                name,
-                help,
-                MetricType::Counter,
-                series,
-                counter,
-            )?;
-        }
-
+                .map(|t| (vec![("transport", t.protocol.clone())], t))
+        };
+        families(&mut encoder, &PER_TRANSPORT, transports)?;
         let peers = || {
-            stats.transports.iter().flat_map(move |t| {
+            stats.transports.iter().flat_map(|t| {
                 t.peers.iter().map(move |p| {
-                    (
-                        vec![("transport", t.protocol.clone()), ("peer", p.peer.clone())],
-                        p,
-                    )
+                    let labels = vec![("transport", t.protocol.clone()), ("peer", p.peer.clone())];
+                    (labels, p)
                 })
             })
         };
-        let per_peer: [(&str, &str, MetricType, Field<PeerStats>); 3] = [
-            (
-                "tern_peer_bytes",
-                "Bytes moved with the peer.",
-                MetricType::Counter,
-                |p| p.bytes,
-            ),
-            (
-                "tern_peer_slices",
-                "Completed slices with the peer.",
-                MetricType::Counter,
-                |p| p.slices,
-            ),
-            (
-                "tern_peer_endpoints",
-                "Open connections (TCP) or endpoints (RDMA) to the peer.",
-                MetricType::Gauge,
-                |p| p.endpoints as u64,
-            ),
-        ];
-        for (name, help, metric_type, field) in per_peer {
-            let series = peers().map(|(labels, p)| (labels, field(p)));
-            let write = match metric_type {
-                MetricType::Counter => counter,
-                _ => gauge,
-            };
-            family(&mut encoder, name, help, metric_type, series, write)?;
-        }
+        families(&mut encoder, &PER_PEER, peers)?;
         let states = [
             PeerState::Connected,
             PeerState::Connecting,
@@ -589,55 +620,19 @@ impl Collector for Snapshot {
             &mut encoder,
             "tern_peer_state",
             "1 for the state the peer is in, 0 for the others.",
-            MetricType::Gauge,
+            GAUGE,
             series,
             gauge,
         )?;
-
         let nics = || {
             stats.transports.iter().flat_map(|t| {
                 t.nics.iter().map(move |n| {
-                    (
-                        vec![("transport", t.protocol.clone()), ("nic", n.name.clone())],
-                        n,
-                    )
+                    let labels = vec![("transport", t.protocol.clone()), ("nic", n.name.clone())];
+                    (labels, n)
                 })
             })
         };
-        let per_nic: [(&str, &str, MetricType, Field<NicStats>); 4] = [
-            (
-                "tern_nic_bytes",
-                "Bytes of completed slices on the NIC.",
-                MetricType::Counter,
-                |n| n.bytes,
-            ),
-            (
-                "tern_nic_slices",
-                "Completed slices on the NIC.",
-                MetricType::Counter,
-                |n| n.slices,
-            ),
-            (
-                "tern_nic_failures",
-                "Slices that failed on the NIC.",
-                MetricType::Counter,
-                |n| n.failures,
-            ),
-            (
-                "tern_nic_paused",
-                "1 while the NIC is paused (its port is down, or it kept failing).",
-                MetricType::Gauge,
-                |n| u64::from(n.paused),
-            ),
-        ];
-        for (name, help, metric_type, field) in per_nic {
-            let series = nics().map(|(labels, n)| (labels, field(n)));
-            let write = match metric_type {
-                MetricType::Counter => counter,
-                _ => gauge,
-            };
-            family(&mut encoder, name, help, metric_type, series, write)?;
-        }
+        families(&mut encoder, &PER_NIC, nics)?;
 
         let series = stats.latency.iter().map(|l| {
             (
