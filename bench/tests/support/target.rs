@@ -18,7 +18,21 @@ pub struct Target {
 impl Target {
     /// Starts a target with `args` and `envs` and waits for its `segment: <name>` line.
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tern-bench"))
+        Self::start_under(&[], args, envs)
+    }
+
+    /// As [`Target::start`], run by the command `prefix` (`ip netns exec NS`, `setpriv ..`).
+    pub fn start_under(prefix: &[&str], args: &[&str], envs: &[(&str, &str)]) -> Self {
+        let exe = env!("CARGO_BIN_EXE_tern-bench");
+        let mut command = match prefix.split_first() {
+            Some((program, rest)) => {
+                let mut command = Command::new(program);
+                command.args(rest).arg(exe);
+                command
+            }
+            None => Command::new(exe),
+        };
+        let mut child = command
             .arg("--mode=target")
             .args(args)
             .envs(envs.iter().copied())
