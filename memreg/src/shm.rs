@@ -550,6 +550,31 @@ impl PeerProcess {
     }
 }
 
+/// What a failed cross-memory attach means, from its error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachFailure {
+    /// `EPERM`: the kernel does not let this process ptrace the other.
+    Refused,
+    /// `ESRCH`: the process is gone.
+    Gone,
+    /// `EFAULT`: the other process has not mapped the address.
+    Unmapped,
+    /// Anything else.
+    Other,
+}
+
+impl AttachFailure {
+    /// The meaning of `error`, returned by a [`PeerProcess`] call.
+    pub fn of(error: &io::Error) -> Self {
+        match error.raw_os_error() {
+            Some(libc::EPERM) => Self::Refused,
+            Some(libc::ESRCH) => Self::Gone,
+            Some(libc::EFAULT) => Self::Unmapped,
+            _ => Self::Other,
+        }
+    }
+}
+
 /// The thread group (process) a task ID belongs to, from `/proc/<tid>/status`.
 fn thread_group_of(tid: i32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
@@ -737,7 +762,7 @@ mod tests {
                         .is_err()
                 );
             }
-            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}"),
+            Err(e) => assert_eq!(AttachFailure::of(&e), AttachFailure::Refused, "{e}"),
         }
         child.kill().unwrap();
         child.wait().unwrap();

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 use tern_engine::{Opcode, PeerSegment, Slice, TransferError, TransportContext};
-use tern_memreg::shm::{MemFd, PeerProcess, SharedMapping, peer_credentials};
+use tern_memreg::shm::{AttachFailure, MemFd, PeerProcess, SharedMapping, peer_credentials};
 use tern_metadata::auth::{self, Channel, Claims};
 use tern_metadata::rpc::RpcType;
 
@@ -417,8 +417,8 @@ fn probe(pid: i32, probe_addr: u64, nonce: &[u8; NONCE_LEN]) -> Result<PeerProce
     let mut seen = [0u8; NONCE_LEN];
     process
         .read_bytes(probe_addr, &mut seen)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc_eperm) if libc_eperm == 1 => format!(
+        .map_err(|e| match AttachFailure::of(&e) {
+            AttachFailure::Refused => format!(
                 "process_vm_readv into process {pid} refused ({e}): the kernel does not let \
                  this process ptrace it (it is not dumpable, or Yama's ptrace_scope forbids it)"
             ),
@@ -795,13 +795,15 @@ impl Link {
             match moved {
                 Ok(()) => slice.complete(),
                 // Permission withdrawn since the probe (the peer made itself undumpable).
-                Err(e) if e.raw_os_error() == Some(1) => {
+                Err(e) if AttachFailure::of(&e) == AttachFailure::Refused => {
                     slice.decline(&format!("cross-memory attach refused: {e}"))
                 }
-                Err(e) if e.raw_os_error() == Some(3) => slice.fail(TransferError::Connection {
-                    peer: self.peer.clone(),
-                    message: format!("its process is gone: {e}"),
-                }),
+                Err(e) if AttachFailure::of(&e) == AttachFailure::Gone => {
+                    slice.fail(TransferError::Connection {
+                        peer: self.peer.clone(),
+                        message: format!("its process is gone: {e}"),
+                    })
+                }
                 Err(e) => slice.fail(TransferError::Protocol {
                     peer: self.peer.clone(),
                     message: format!("cross-memory attach: {e}"),

@@ -445,11 +445,10 @@ impl Transport for ShmTransport {
         let name = format!("tern-shm-{}", std::process::id());
         Some(
             AlignedBuffer::shared(len, &name)
-                .map(|buffer| {
+                .inspect(|buffer| {
                     if let Some(memfd) = buffer.memfd() {
                         running.owner.remember(buffer.addr(), memfd);
                     }
-                    buffer
                 })
                 .map_err(|e| TransportError::Memory {
                     addr: 0,

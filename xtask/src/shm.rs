@@ -83,13 +83,13 @@ fn ucx_rate(test: &str, block: usize, seconds: f64, port: u16) -> Result<f64, St
     let text = String::from_utf8_lossy(&output.stdout);
     // The final line: iterations, 3 latency columns, bandwidth average and overall (MB/s), …
     text.lines()
-        .filter_map(|line| {
+        .rev()
+        .find_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
             (fields.len() >= 7 && fields[0].parse::<u64>().is_ok())
                 .then(|| fields[5].parse::<f64>().ok())
                 .flatten()
         })
-        .last()
         .map(|mibps| mibps * 1_048_576.0 / 1e9)
         .ok_or_else(|| {
             format!(
