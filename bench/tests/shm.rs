@@ -11,7 +11,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::Target;
+use support::{Target, target_byte, tern_bench};
 use tern_engine::{
     Batch, OwnedBuffer, SegmentId, TransferEngine, TransferError, TransferRequest, TransferStatus,
     TransportStats,
@@ -22,12 +22,6 @@ use tern_transport_shm::{ShmConfig, ShmTransport};
 use tern_transport_tcp::TcpTransport;
 
 const MIB: usize = 1 << 20;
-
-/// The byte `tern-bench` keeps at `offset` of its buffer.
-fn target_byte(offset: usize) -> u8 {
-    let x = (offset as u64 / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (offset as u64 % 8);
-    (x >> 56) as u8 ^ (offset as u8)
-}
 
 fn engine(memfd: bool) -> TransferEngine {
     TransferEngine::builder()
@@ -95,16 +89,7 @@ fn is_root() -> bool {
 
 /// `tern-bench --mode initiator` against `segment`, with `prefix` before it; its JSON.
 fn bench_initiator(prefix: &[&str], segment: &str, args: &[&str]) -> serde_json::Value {
-    let exe = env!("CARGO_BIN_EXE_tern-bench");
-    let mut command = match prefix.split_first() {
-        Some((program, rest)) => {
-            let mut command = Command::new(program);
-            command.args(rest).arg(exe);
-            command
-        }
-        None => Command::new(exe),
-    };
-    let output = command
+    let output = tern_bench(prefix)
         .args([
             "--mode=initiator",
             "--protocol=shm",

@@ -816,34 +816,45 @@ impl Link {
 }
 
 impl Link {
-    /// Slices to another engine of this process: pinned in its registry (the same check
-    /// the owner makes for a lease), copied between the two regions.
+    /// Slices to another engine of this process.
     fn in_process(&self, registry: &tern_memreg::MemoryRegistry, slices: Vec<Slice>) {
         for slice in slices {
-            let remote = usize::try_from(slice.remote_addr)
-                .ok()
-                .and_then(|addr| registry.pin_remote(addr, slice.len).ok().map(|p| (addr, p)));
-            let Some((addr, pin)) = remote else {
-                self.reject(slice, "not registered there");
-                continue;
-            };
-            let moved = pin.slice(addr, slice.len).and_then(|remote| {
-                let local = slice.local().slice(slice.local_addr, slice.len)?;
-                match slice.opcode() {
-                    Opcode::Write => remote.copy_from_region(local),
-                    Opcode::Read => local.copy_from_region(remote),
-                };
-                Ok(())
-            });
-            drop(pin);
-            match moved {
-                Ok(()) => slice.complete(),
-                Err(e) => slice.fail(TransferError::Protocol {
-                    peer: self.peer.clone(),
-                    message: e.to_string(),
-                }),
-            }
+            copy_in_registry(registry, slice);
         }
+    }
+}
+
+/// Moves one slice between its local region and a remote range of `registry` (an engine of
+/// this process, or this engine): the range is pinned there first, the same check the owner
+/// makes for a lease, then the bytes are copied between the two regions.
+pub(crate) fn copy_in_registry(registry: &tern_memreg::MemoryRegistry, slice: Slice) {
+    let peer = slice.peer().name.clone();
+    let remote = usize::try_from(slice.remote_addr)
+        .ok()
+        .and_then(|addr| registry.pin_remote(addr, slice.len).ok().map(|p| (addr, p)));
+    let Some((addr, pin)) = remote else {
+        let error = TransferError::RemoteRejected {
+            peer,
+            addr: slice.remote_addr,
+            len: slice.len,
+        };
+        return slice.fail(error);
+    };
+    let moved = pin.slice(addr, slice.len).and_then(|remote| {
+        let local = slice.local().slice(slice.local_addr, slice.len)?;
+        match slice.opcode() {
+            Opcode::Write => remote.copy_from_region(local),
+            Opcode::Read => local.copy_from_region(remote),
+        };
+        Ok(())
+    });
+    drop(pin);
+    match moved {
+        Ok(()) => slice.complete(),
+        Err(e) => slice.fail(TransferError::Protocol {
+            peer,
+            message: e.to_string(),
+        }),
     }
 }
 

@@ -353,40 +353,7 @@ fn local(slices: Vec<Slice>, registry: &tern_memreg::MemoryRegistry) {
             slice.abandon();
             continue;
         }
-        let remote = usize::try_from(slice.remote_addr).ok().and_then(|addr| {
-            registry
-                .pin_remote(addr, slice.len)
-                .ok()
-                .map(|pin| (addr, pin))
-        });
-        let Some((addr, pin)) = remote else {
-            let error = TransferError::RemoteRejected {
-                peer: slice.peer().name.clone(),
-                addr: slice.remote_addr,
-                len: slice.len,
-            };
-            slice.fail(error);
-            continue;
-        };
-        let moved = pin.slice(addr, slice.len).and_then(|remote| {
-            let local = slice.local().slice(slice.local_addr, slice.len)?;
-            match slice.opcode() {
-                tern_engine::Opcode::Write => remote.copy_from_region(local),
-                tern_engine::Opcode::Read => local.copy_from_region(remote),
-            };
-            Ok(())
-        });
-        drop(pin);
-        match moved {
-            Ok(()) => slice.complete(),
-            Err(e) => {
-                let peer = slice.peer().name.clone();
-                slice.fail(TransferError::Protocol {
-                    peer,
-                    message: e.to_string(),
-                });
-            }
-        }
+        client::copy_in_registry(registry, slice);
     }
 }
 

@@ -349,6 +349,15 @@ impl<'a> Body<'a> {
         Ok(a)
     }
 
+    /// A count of ranges, at most [`MAX_LEASE_RANGES`].
+    fn count(&mut self) -> Result<usize, WireError> {
+        let count = self.u32()? as usize;
+        if count > MAX_LEASE_RANGES {
+            return Err(self.bad(format!("{count} ranges")));
+        }
+        Ok(count)
+    }
+
     fn text(&mut self) -> Result<String, WireError> {
         let len = usize::from(self.u16()?);
         if len > MAX_TEXT {
@@ -429,10 +438,7 @@ pub fn decode(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
         }
         LEASE => {
             let id = b.u64()?;
-            let count = b.u32()? as usize;
-            if count > MAX_LEASE_RANGES {
-                return Err(b.bad(format!("{count} ranges")));
-            }
+            let count = b.count()?;
             let mut ranges = Vec::with_capacity(count);
             for _ in 0..count {
                 ranges.push((b.u64()?, b.u64()?));
@@ -441,10 +447,7 @@ pub fn decode(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
         }
         LEASED => {
             let id = b.u64()?;
-            let count = b.u32()? as usize;
-            if count > MAX_LEASE_RANGES {
-                return Err(b.bad(format!("{count} ranges")));
-            }
+            let count = b.count()?;
             let mut granted = Vec::with_capacity(count);
             for _ in 0..count {
                 granted.push(match b.u8()? {

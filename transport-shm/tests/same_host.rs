@@ -11,8 +11,8 @@ use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::time::Duration;
 
 use tern_engine::{
-    OwnedBuffer, SegmentDesc, TransferEngine, TransferError, TransferRequest, TransferStatus,
-    Transport,
+    OwnedBuffer, SegmentDesc, SegmentId, TransferEngine, TransferError, TransferRequest,
+    TransferStatus, Transport,
 };
 use tern_memreg::shm::{MemFd, send_with_fds};
 use tern_metadata::MetadataStore;
@@ -66,6 +66,18 @@ fn status(engine: &TransferEngine, request: TransferRequest) -> TransferStatus {
     engine.submit(&batch, &[request]).unwrap();
     batch.wait(Duration::from_secs(30));
     batch.task_status(0).unwrap().status
+}
+
+/// Writes `bytes` from a fresh buffer of `initiator` to the start of `remote` (of segment
+/// `peer`) and checks they landed.
+fn write_lands(initiator: &TransferEngine, peer: SegmentId, remote: &OwnedBuffer, bytes: &[u8]) {
+    let local = initiator.allocate(bytes.len(), "cpu:0").unwrap();
+    local.write_at(0, bytes).unwrap();
+    let request = TransferRequest::write(local.addr(), peer, remote.addr() as u64, bytes.len());
+    assert_eq!(status(initiator, request), TransferStatus::Completed);
+    let mut seen = vec![0u8; bytes.len()];
+    remote.read_at(0, &mut seen).unwrap();
+    assert_eq!(seen, bytes);
 }
 
 fn shm_stats(engine: &TransferEngine) -> tern_engine::TransportStats {
@@ -149,20 +161,9 @@ fn a_mooncake_descriptor_without_the_field_gets_no_shm_and_tcp_carries() {
     assert!(mine.tern.contains_key("shm"));
     assert_eq!(mine.protocol, ["tcp"], "Mooncake peers see only TCP");
     let peer = initiator.open_segment(tcp_only.segment_name()).unwrap();
-    let local = initiator.allocate(4096, "cpu:0").unwrap();
     let remote = tcp_only.allocate(4096, "cpu:0").unwrap();
     initiator.refresh_segment(peer).unwrap();
-    local.write_at(0, b"over tcp").unwrap();
-    assert_eq!(
-        status(
-            &initiator,
-            TransferRequest::write(local.addr(), peer, remote.addr() as u64, 8)
-        ),
-        TransferStatus::Completed
-    );
-    let mut seen = [0u8; 8];
-    remote.read_at(0, &mut seen).unwrap();
-    assert_eq!(&seen, b"over tcp");
+    write_lands(&initiator, peer, &remote, b"over tcp");
     let shm = shm_stats(&initiator);
     assert_eq!((shm.bytes, shm.slices, shm.peers.len()), (0, 0, 0));
     assert_eq!(tcp_bytes(&initiator), 8);
@@ -322,18 +323,7 @@ fn garbage_unpublished_ranges_and_unasked_descriptors_are_refused_and_the_engine
     // Through all of it the engine serves a real peer.
     let initiator = engine("127.0.0.1");
     let peer = initiator.open_segment(&name).unwrap();
-    let local = initiator.allocate(4096, "cpu:0").unwrap();
-    local.write_at(0, b"still serving").unwrap();
-    assert_eq!(
-        status(
-            &initiator,
-            TransferRequest::write(local.addr(), peer, buffer.addr() as u64, 13)
-        ),
-        TransferStatus::Completed
-    );
-    let mut seen = [0u8; 13];
-    buffer.read_at(0, &mut seen).unwrap();
-    assert_eq!(&seen, b"still serving");
+    write_lands(&initiator, peer, &buffer, b"still serving");
     assert_eq!(shm_stats(&initiator).bytes, 13);
 }
 
@@ -547,19 +537,6 @@ fn secured(secret: &str) -> TransferEngine {
         .unwrap()
 }
 
-fn one_write(
-    initiator: &TransferEngine,
-    target: &TransferEngine,
-    remote: &OwnedBuffer,
-) -> TransferStatus {
-    let peer = initiator.open_segment(target.segment_name()).unwrap();
-    let local = initiator.allocate(4096, "cpu:0").unwrap();
-    status(
-        initiator,
-        TransferRequest::write(local.addr(), peer, remote.addr() as u64, 4096),
-    )
-}
-
 #[test]
 fn with_a_cluster_secret_the_socket_serves_only_peers_that_prove_it() {
     let target = secured("s3cret");
@@ -600,9 +577,7 @@ fn with_a_cluster_secret_the_socket_serves_only_peers_that_prove_it() {
     }
     // A peer engine with the secret moves bytes over shm.
     let friend = secured("s3cret");
-    assert_eq!(
-        one_write(&friend, &target, &remote),
-        TransferStatus::Completed
-    );
+    let peer = friend.open_segment(target.segment_name()).unwrap();
+    write_lands(&friend, peer, &remote, &[7u8; 4096]);
     assert_eq!(shm_stats(&friend).bytes, 4096);
 }
