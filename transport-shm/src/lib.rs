@@ -99,8 +99,8 @@ pub struct ShmConfig {
     pub memfd_buffers: bool,
     /// What this process allows peers' cross-memory attach.
     pub ptrace: PtracePolicy,
-    /// Threads that copy (default: half the cores, 1 to 4; `TERN_SHM_WORKERS`). A submit's
-    /// slices are spread over them.
+    /// Threads that copy (default: one per core, 1 to 4; `TERN_SHM_WORKERS`). A submit's
+    /// slices are spread over them; they sleep when there is nothing to copy.
     pub workers: usize,
     /// Largest slice.
     pub slice_size: usize,
@@ -122,7 +122,7 @@ impl Default for ShmConfig {
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|&n| (1..=64).contains(&n))
-            .unwrap_or((cores / 2).clamp(1, 4));
+            .unwrap_or(cores.clamp(1, 4));
         Self {
             memfd_buffers: true,
             ptrace: PtracePolicy::Keep,
