@@ -582,9 +582,10 @@ impl Link {
         Ok(rx)
     }
 
-    fn wait(&self, rx: &Receiver<Reply>) -> Result<Reply, TransferError> {
-        // The reader may have ended between the send and now.
+    fn wait(&self, id: u64, rx: &Receiver<Reply>) -> Result<Reply, TransferError> {
         rx.recv_timeout(self.io_timeout).map_err(|_| {
+            // No answer in time, or the link ended: forget the request.
+            lock(&self.pending).remove(&id);
             if self.alive.load(Ordering::Acquire) {
                 TransferError::Connection {
                     peer: self.peer.clone(),
@@ -660,7 +661,7 @@ impl Link {
             if let Some(mapped) = self.mapping(addr, len) {
                 if let Some(slice) = self.copy_mapped(&mapped, slice) {
                     // Revoked between the lookup and the copy: the buffer is going.
-                    self.reject(slice, "the peer unregistered the buffer");
+                    self.reject(slice);
                 }
                 continue;
             }
@@ -671,7 +672,7 @@ impl Link {
             match self.open(&slice) {
                 Ok(Some(mapped)) => {
                     if let Some(slice) = self.copy_mapped(&mapped, slice) {
-                        self.reject(slice, "the peer unregistered the buffer");
+                        self.reject(slice);
                     }
                 }
                 Ok(None) => plain.push(slice),
@@ -684,7 +685,7 @@ impl Link {
         }
     }
 
-    fn reject(&self, slice: Slice, _why: &str) {
+    fn reject(&self, slice: Slice) {
         let error = TransferError::RemoteRejected {
             peer: self.peer.clone(),
             addr: slice.remote_addr,
@@ -712,7 +713,7 @@ impl Link {
         let rx = self
             .ask(id, &Frame::Open { id, addr, len }, Some(check))
             .map_err(Refusal::Fail)?;
-        match self.wait(&rx).map_err(Refusal::Fail)? {
+        match self.wait(id, &rx).map_err(Refusal::Fail)? {
             Reply::Mapped(mapped) => Ok(Some(mapped)),
             Reply::Plain => Ok(None),
             Reply::Rejected(reason) => {
@@ -763,10 +764,12 @@ impl Link {
             .collect();
         let granted = self
             .ask(id, &Frame::Lease { id, ranges }, None)
-            .and_then(|rx| self.wait(&rx));
+            .and_then(|rx| self.wait(id, &rx));
         let granted = match granted {
             Ok(Reply::Leased(granted)) if granted.len() == slices.len() => granted,
             Ok(_) => {
+                let _send = lock(&self.send);
+                let _ = wire::send(&self.stream, &Frame::Release { id }.encode());
                 for slice in slices {
                     slice.decline("the peer answered a lease wrongly");
                 }
@@ -781,7 +784,7 @@ impl Link {
         };
         for (slice, granted) in slices.into_iter().zip(granted) {
             if !granted {
-                self.reject(slice, "not registered there");
+                self.reject(slice);
                 continue;
             }
             let moved = slice
