@@ -151,6 +151,9 @@ pub enum ShmError {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// A copy thread could not be started (the process is out of threads or memory).
+    #[error("starting a copy thread: {0}")]
+    Thread(std::io::Error),
     /// The ptrace setting asked for could not be applied.
     #[error("applying {policy:?}: {source}")]
     Ptrace {
@@ -278,10 +281,7 @@ impl ShmTransport {
             let worker = std::thread::Builder::new()
                 .name("tern-shm-copy".into())
                 .spawn(move || work(&jobs, &links, &registry, &stop))
-                .map_err(|source| ShmError::Bind {
-                    socket: "worker".into(),
-                    source,
-                })?;
+                .map_err(ShmError::Thread)?;
             workers.push(worker);
         }
         Ok(Running {
