@@ -58,8 +58,8 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use tern_engine::{
-    AlignedBuffer, PeerSegment, PeerState, PeerStats, RegionInfo, SegmentDesc, SegmentId, Slice,
-    TransferError, Transport, TransportContext, TransportError, TransportReport,
+    AlignedBuffer, PeerState, PeerStats, RegionInfo, SegmentDesc, SegmentId, Slice, TransferError,
+    Transport, TransportContext, TransportError, TransportReport,
 };
 
 use crate::client::{Links, Reach};
@@ -382,10 +382,6 @@ impl Transport for ShmTransport {
             .map_err(|_| TransportError::State("shared-memory transport started twice".into()))
     }
 
-    fn register_memory(&self, _region: &RegionInfo) -> Result<(), TransportError> {
-        Ok(())
-    }
-
     fn unregister_memory(&self, region: &RegionInfo) {
         if let Some(running) = self.running.get() {
             running.owner.revoke(region.addr);
@@ -500,9 +496,4 @@ fn fail_all(slices: Vec<Slice>) {
             "the shared-memory transport stopped".into(),
         ));
     }
-}
-
-/// The peer's `tern.shm` field, if it has a usable one.
-pub fn extension_of(peer: &PeerSegment) -> Option<Extension> {
-    peer.desc.tern.get(PROTOCOL).and_then(Extension::from_json)
 }
