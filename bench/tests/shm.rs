@@ -18,7 +18,7 @@ use tern_engine::{
 };
 use tern_metadata::MetadataStore;
 use tern_metadata::http::{HttpMetadataServer, HttpStore};
-use tern_transport_shm::{ShmConfig, ShmTransport};
+use tern_transport_shm::{PtracePolicy, ShmConfig, ShmTransport};
 use tern_transport_tcp::TcpTransport;
 
 const MIB: usize = 1 << 20;
@@ -28,6 +28,13 @@ fn engine(memfd: bool) -> TransferEngine {
         .local_server_name("127.0.0.1")
         .transport(ShmTransport::new(ShmConfig {
             memfd_buffers: memfd,
+            // Where Yama's ptrace_scope is 1, a tern-bench child may attach to this process
+            // (its parent) only by this opt-in; without Yama it changes nothing.
+            ptrace: if memfd {
+                PtracePolicy::Keep
+            } else {
+                PtracePolicy::AllowSameUser
+            },
             ..ShmConfig::default()
         }))
         .transport(TcpTransport::default())
