@@ -156,7 +156,7 @@ impl MemFd {
         self.file.as_fd()
     }
 
-    /// Maps the first `len` bytes shared, readable and writable; `None` for `len` 0 or
+    /// Maps the first `len` bytes shared, readable and writable; an error for `len` 0 or
     /// past the end.
     pub(crate) fn map_raw(&self, len: usize) -> Result<NonNull<u8>, ShmError> {
         if len == 0 || len > self.len {
