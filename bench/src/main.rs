@@ -23,6 +23,7 @@ use tern_engine::{
 use tern_metadata::http::{METRICS_PATH, MetricsServer, RenderMetrics};
 use tern_transport_rdma::topology::parse_device_list;
 use tern_transport_rdma::{RdmaConfig, RdmaTransport};
+use tern_transport_shm::{PtracePolicy, ShmConfig, ShmTransport};
 use tern_transport_tcp::{TcpConfig, TcpTransport};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -33,6 +34,20 @@ enum Mode {
     /// Two nodes in this process on a watching metadata store (etcd): how long a descriptor
     /// change takes to reach the other node's cache.
     WatchLatency,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ShmMemory {
+    Memfd,
+    Plain,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ShmPtrace {
+    Keep,
+    #[value(name = "allow_same_user")]
+    AllowSameUser,
+    Refuse,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -51,10 +66,19 @@ struct Args {
     /// read (remote → local) or write (local → remote).
     #[arg(long, value_enum, default_value = "read")]
     operation: Operation,
-    /// Transport protocol: tcp, or rdma (RDMA READ/WRITE over the NICs `--device_name`
-    /// allows).
+    /// Transport protocol: tcp, rdma (RDMA READ/WRITE over the NICs `--device_name`
+    /// allows), or shm (same-host shared memory, with TCP installed beside it for peers it
+    /// cannot reach and slices it hands back).
     #[arg(long, default_value = "tcp")]
     protocol: String,
+    /// shm: the memory `allocate` hands out: memfd (peers map it) or plain (peers reach it
+    /// by cross-memory attach).
+    #[arg(long = "shm_memory", value_enum, default_value = "memfd")]
+    shm_memory: ShmMemory,
+    /// shm: what this process allows peers' cross-memory attach: keep (as the kernel
+    /// says), allow_same_user (Yama's PR_SET_PTRACER_ANY), refuse (not dumpable).
+    #[arg(long = "shm_ptrace", value_enum, default_value = "keep")]
+    shm_ptrace: ShmPtrace,
     /// A cluster secret: peers must prove they know it (HMAC challenge–response) before the
     /// handshake RPC or a TCP data connection serves them. Default: `TERN_CLUSTER_SECRET`,
     /// or the file `TERN_CLUSTER_SECRET_FILE` names; none means plain Mooncake.
@@ -222,17 +246,29 @@ fn engine(args: &Args, default_name: Option<&str>) -> Result<TransferEngine, Str
     if let Some(secret) = &args.cluster_secret {
         builder = builder.cluster_secret(secret);
     }
+    let tcp = || {
+        let defaults = TcpConfig::default();
+        TcpTransport::new(TcpConfig {
+            connections_per_peer: args
+                .tcp_connections
+                .unwrap_or(defaults.connections_per_peer),
+            slice_size: args.tcp_slice_size.unwrap_or(defaults.slice_size),
+            ..defaults
+        })
+    };
     builder = match args.protocol.as_str() {
-        "tcp" => {
-            let defaults = TcpConfig::default();
-            builder.transport(TcpTransport::new(TcpConfig {
-                connections_per_peer: args
-                    .tcp_connections
-                    .unwrap_or(defaults.connections_per_peer),
-                slice_size: args.tcp_slice_size.unwrap_or(defaults.slice_size),
-                ..defaults
+        "tcp" => builder.transport(tcp()),
+        "shm" => builder
+            .transport(ShmTransport::new(ShmConfig {
+                memfd_buffers: args.shm_memory == ShmMemory::Memfd,
+                ptrace: match args.shm_ptrace {
+                    ShmPtrace::Keep => PtracePolicy::Keep,
+                    ShmPtrace::AllowSameUser => PtracePolicy::AllowSameUser,
+                    ShmPtrace::Refuse => PtracePolicy::Refuse,
+                },
+                ..ShmConfig::default()
             }))
-        }
+            .transport(tcp()),
         "rdma" => {
             let mut config = RdmaConfig::from_env();
             if let Some(list) = &args.device_name {
@@ -245,7 +281,7 @@ fn engine(args: &Args, default_name: Option<&str>) -> Result<TransferEngine, Str
         }
         other => {
             return Err(format!(
-                "--protocol={other} is not available; use --protocol=tcp or --protocol=rdma"
+                "--protocol={other} is not available; use --protocol=tcp, rdma or shm"
             ));
         }
     };
@@ -642,6 +678,8 @@ fn run_loopback(args: &Args) -> Result<(), String> {
             &format!("--metadata_server={}", args.metadata_server),
             &format!("--protocol={}", args.protocol),
             &format!("--buffer_size={}", args.buffer_size),
+            &format!("--shm_memory={}", value_name(args.shm_memory)),
+            &format!("--shm_ptrace={}", value_name(args.shm_ptrace)),
         ])
         .args(
             args.device_name
@@ -709,6 +747,13 @@ fn run_loopback(args: &Args) -> Result<(), String> {
         )),
         Some(result) => report(args, &result?),
     }
+}
+
+/// The flag spelling of a value.
+fn value_name(value: impl ValueEnum) -> String {
+    value
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_owned())
 }
 
 fn run_watch_latency(args: &Args) -> Result<(), String> {

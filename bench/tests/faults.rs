@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use support::{Target, send_signal};
+use support::{Target, send_signal, target_byte};
 use tern_engine::{
     Batch, EngineError, OwnedBuffer, SegmentId, TransferEngine, TransferError, TransferRequest,
     TransferStatus,
@@ -23,12 +23,6 @@ use tern_metadata::{MetadataError, MetadataStore};
 use tern_transport_tcp::TcpTransport;
 
 const MIB: usize = 1 << 20;
-
-/// The byte `tern-bench --mode target` keeps at `offset` of its buffer.
-fn target_byte(offset: usize) -> u8 {
-    let x = (offset as u64 / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (offset as u64 % 8);
-    (x >> 56) as u8 ^ (offset as u8)
-}
 
 fn engine(metadata: &str) -> TransferEngine {
     TransferEngine::builder()

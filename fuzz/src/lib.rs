@@ -1,8 +1,8 @@
 //! Fuzz targets for every decoder of bytes Tern reads from the network or a metadata store:
 //! the TCP data protocol's header and status frames (and the check a header gets against
 //! registered memory), the handshake RPC framing, RDMA Connection handshake bodies, segment
-//! descriptors, the NIC priority matrix, the HTTP metadata protocol, RPC locations and notify
-//! bodies.
+//! descriptors, the NIC priority matrix, the HTTP metadata protocol, RPC locations, notify
+//! bodies, and the frames of the same-host transport's socket.
 //!
 //! Each target is one file, `fuzz_targets/<name>.rs`, whose body is written once inside
 //! [`target!`]: built by `cargo +nightly fuzz` (which sets `--cfg fuzzing`) it is a libFuzzer

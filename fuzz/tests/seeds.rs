@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use tern_metadata::rpc::{RpcType, write_frame};
+use tern_transport_shm::wire::{Frame, MAGIC, Opened};
 use tern_transport_tcp::{Header, OP_READ, OP_V2, OP_WRITE, Status};
 
 fn fuzz_dir() -> PathBuf {
@@ -69,6 +70,79 @@ fn seeds() -> BTreeMap<&'static str, BTreeMap<String, Vec<u8>>> {
         connection.len() >= 5,
         "the Connection golden has changed shape"
     );
+
+    // The same-host socket's frames, each as its kind byte and its body.
+    let shm_frames = [
+        (
+            "hello",
+            Frame::Hello {
+                magic: MAGIC,
+                version: 1,
+                nonce: [0x11; 16],
+                client_segment: "127.0.0.1:15001".into(),
+                server_segment: "127.0.0.1:15002".into(),
+            },
+        ),
+        (
+            "welcome",
+            Frame::Welcome {
+                version: 1,
+                probe_addr: 0x7ffd_0000_1000,
+                segment: "127.0.0.1:15002".into(),
+            },
+        ),
+        (
+            "open",
+            Frame::Open {
+                id: 1,
+                addr: 0x7f00_0000_0000,
+                len: 65536,
+            },
+        ),
+        (
+            "opened-memfd",
+            Frame::Opened {
+                id: 1,
+                outcome: Opened::Memfd {
+                    addr: 0x7f00_0000_0000,
+                    len: 1 << 20,
+                    map_len: 1 << 20,
+                },
+            },
+        ),
+        (
+            "opened-rejected",
+            Frame::Opened {
+                id: 2,
+                outcome: Opened::Rejected("not registered".into()),
+            },
+        ),
+        (
+            "lease",
+            Frame::Lease {
+                id: 3,
+                ranges: vec![(0x1000, 4096), (0x3000, 8)],
+            },
+        ),
+        (
+            "leased",
+            Frame::Leased {
+                id: 3,
+                granted: vec![true, false],
+            },
+        ),
+        (
+            "revoke",
+            Frame::Revoke {
+                id: 4,
+                addr: 0x1000,
+            },
+        ),
+    ];
+    for (name, frame) in shm_frames {
+        let bytes = frame.encode();
+        add("shm_frames", name, [&bytes[4..5], &bytes[5..]].concat());
+    }
 
     // TCP data protocol: requests of each kind, then status frames.
     let status_ok = Status::Ok.encode();

@@ -2,6 +2,9 @@
 
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::shm::{MemFd, ShmError};
 
 /// The page size Tern aligns buffers to.
 pub const PAGE_SIZE: usize = 4096;
@@ -21,12 +24,14 @@ pub struct AlignedBuffer {
 pub const HUGE_PAGE_SIZE: usize = 2 << 20;
 
 /// Where an [`AlignedBuffer`]'s bytes come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Storage {
     /// The global allocator.
     Heap,
     /// An anonymous mapping of explicit (hugetlbfs) huge pages, `mapped` bytes long.
     HugeTlb { mapped: usize },
+    /// A shared mapping of all of a sealed memfd, which same-host peers may map too.
+    Memfd { memfd: Arc<MemFd> },
 }
 
 // SAFETY: the buffer is plain owned bytes with no thread affinity; all access to its contents
@@ -88,6 +93,34 @@ impl AlignedBuffer {
         // SAFETY: advice about memory this buffer owns; failure only means no THP.
         unsafe { libc::madvise(buffer.ptr.as_ptr().cast(), len, libc::MADV_HUGEPAGE) };
         Some(buffer)
+    }
+
+    /// `len` zeroed bytes in a sealed memfd of their own (its size rounded up to
+    /// [`PAGE_SIZE`]), mapped shared: memory a same-host peer can map once it is handed the
+    /// descriptor ([`AlignedBuffer::memfd`]), so that a transfer is one `memcpy` there.
+    /// `name` shows in `/proc/<pid>/maps` as `/memfd:<name>`.
+    pub fn shared(len: usize, name: &str) -> Result<Self, ShmError> {
+        let mapped = len
+            .checked_next_multiple_of(PAGE_SIZE)
+            .filter(|&m| m > 0)
+            .ok_or_else(|| ShmError::Invalid(format!("a shared buffer of {len} bytes")))?;
+        let layout = Layout::from_size_align(len, PAGE_SIZE)
+            .map_err(|e| ShmError::Invalid(e.to_string()))?;
+        let memfd = Arc::new(MemFd::create(name, mapped)?);
+        let ptr = memfd.map_raw(mapped)?;
+        Ok(Self {
+            ptr,
+            layout,
+            storage: Storage::Memfd { memfd },
+        })
+    }
+
+    /// The memfd holding the bytes, for a buffer made by [`AlignedBuffer::shared`].
+    pub fn memfd(&self) -> Option<&Arc<MemFd>> {
+        match &self.storage {
+            Storage::Memfd { memfd } => Some(memfd),
+            Storage::Heap | Storage::HugeTlb { .. } => None,
+        }
     }
 
     /// Whether the bytes sit on explicit (hugetlbfs) huge pages.
@@ -152,12 +185,17 @@ impl AlignedBuffer {
 
 impl Drop for AlignedBuffer {
     fn drop(&mut self) {
-        match self.storage {
+        match &self.storage {
             // SAFETY: `ptr` came from `alloc_zeroed` with exactly `self.layout`; freed once.
             Storage::Heap => unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) },
             // SAFETY: `ptr` starts a mapping of `mapped` bytes; unmapped once.
             Storage::HugeTlb { mapped } => unsafe {
-                libc::munmap(self.ptr.as_ptr().cast(), mapped);
+                libc::munmap(self.ptr.as_ptr().cast(), *mapped);
+            },
+            // SAFETY: `ptr` starts a mapping of all of the memfd (`shared`); unmapped once.
+            // The memfd itself closes when its last holder lets go.
+            Storage::Memfd { memfd } => unsafe {
+                libc::munmap(self.ptr.as_ptr().cast(), memfd.len());
             },
         }
     }
@@ -260,6 +298,27 @@ mod tests {
             );
         }
         assert!(AlignedBuffer::huge(0).is_none());
+    }
+
+    #[test]
+    fn shared_buffers_live_in_a_memfd_others_can_map() {
+        let mut buf = AlignedBuffer::shared(5000, "tern-buffer-test").unwrap();
+        assert_eq!((buf.len(), buf.addr() % PAGE_SIZE), (5000, 0));
+        assert!(buf.as_slice().iter().all(|&b| b == 0));
+        buf.as_mut_slice()[4999] = 42;
+        buf.pretouch(2);
+        let memfd = buf.memfd().unwrap().clone();
+        assert_eq!(memfd.len(), 2 * PAGE_SIZE);
+        let other = crate::shm::SharedMapping::map(&memfd).unwrap();
+        let mut byte = [0u8; 1];
+        other.read_bytes(4999, &mut byte).unwrap();
+        assert_eq!(byte[0], 42);
+        drop(buf);
+        // The memfd outlives the buffer's own mapping while someone holds it.
+        other.read_bytes(4999, &mut byte).unwrap();
+        assert_eq!(byte[0], 42);
+        assert!(AlignedBuffer::new(10).unwrap().memfd().is_none());
+        assert!(AlignedBuffer::shared(0, "x").is_err());
     }
 
     #[test]

@@ -10,7 +10,10 @@
 //! - [`Region`] and [`MemoryRegistry`]: registered memory, with pins ([`RegionPin`]) that keep a
 //!   region from being unregistered while a transfer still touches it, and the only safe way
 //!   for a transport to read or write those bytes: [`RegionSlice`] (pointer and length, never
-//!   a Rust reference) moved by system calls on a file descriptor ([`RegionIo`]) or by copies.
+//!   a Rust reference) moved by system calls on a file descriptor ([`RegionIo`]) or by copies;
+//! - [`shm`]: memory shared with same-host peers — sealed memfds and their mappings,
+//!   descriptors passed over Unix sockets, peer credentials, cross-memory attach
+//!   (`process_vm_readv`/`writev`) and the ptrace settings that govern it.
 //!
 //! It must not know about protocols, descriptors or the engine: it moves bytes to and from
 //! file descriptors and NICs' memory registrations, and nothing above that. Together with `tern-verbs`
@@ -23,6 +26,7 @@ mod map;
 pub mod nic;
 mod numa;
 mod region;
+pub mod shm;
 
 pub use buffer::{AlignedBuffer, HUGE_PAGE_SIZE, PAGE_SIZE, PretouchPolicy};
 pub use counting::CountingAllocator;

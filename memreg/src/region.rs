@@ -450,6 +450,21 @@ impl RegionSlice<'_> {
         }
     }
 
+    /// The first byte, for the system calls and copies of this crate.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Copies `src` into the start of this slice (`min` of both lengths; the two may
+    /// overlap, as two ranges of one region may); returns how many bytes.
+    pub fn copy_from_region(&self, src: RegionSlice<'_>) -> usize {
+        let n = src.len.min(self.len);
+        // SAFETY: both point into pinned regions, valid for `n` reads (src) and writes
+        // (self); `ptr::copy` allows overlap.
+        unsafe { std::ptr::copy(src.ptr.as_ptr(), self.ptr.as_ptr(), n) };
+        n
+    }
+
     /// The first `n` bytes (all of them when `n >= len`).
     pub fn take(self, n: usize) -> Self {
         Self {

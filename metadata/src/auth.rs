@@ -1,6 +1,6 @@
 //! Peers that prove who they are: a challenge–response on a shared cluster secret that opens
-//! every handshake-RPC and TCP data connection when a secret is configured, before either side
-//! reads or serves anything else. Without a secret none of this runs and a connection speaks
+//! every handshake-RPC, TCP data and shared-memory connection when a secret is configured,
+//! before either side reads or serves anything else. Without a secret none of this runs and a connection speaks
 //! plain Mooncake, byte for byte, so Mooncake nodes keep working with Tern nodes.
 //!
 //! # The exchange
@@ -46,7 +46,7 @@
 //! |---|---|---|
 //! | 0 | 8 | magic `TERNAUTH` |
 //! | 8 | 1 | version, 2 |
-//! | 9 | 1 | channel: 1 handshake RPC, 2 TCP data |
+//! | 9 | 1 | channel: 1 handshake RPC, 2 TCP data, 3 same-host shared memory (Unix socket) |
 //! | 10 | 6 | zero |
 //! | 16 | 1 | kind: `H` (0x48) Hello, `C` (0x43) Challenge, `P` (0x50) Proof |
 //! | 17 | 7 | zero |
@@ -116,6 +116,8 @@ pub enum Channel {
     Rpc = 1,
     /// A TCP data connection.
     TcpData = 2,
+    /// A same-host shared-memory connection (a Unix socket).
+    Shm = 3,
 }
 
 impl Channel {
@@ -124,6 +126,7 @@ impl Channel {
         match byte {
             1 => Some(Self::Rpc),
             2 => Some(Self::TcpData),
+            3 => Some(Self::Shm),
             _ => None,
         }
     }
@@ -401,7 +404,7 @@ pub enum AuthError {
     /// The peer speaks another version of the exchange; upgrade the older node.
     #[error("authentication version {0} is not spoken here (this node speaks {VERSION})")]
     UnsupportedVersion(u8),
-    /// The channel byte is neither RPC nor TCP data.
+    /// The channel byte is none of RPC, TCP data, shared memory.
     #[error("unknown authentication channel {0}")]
     UnknownChannel(u8),
     /// The kind byte is none of Hello, Challenge, Proof.
@@ -1103,7 +1106,7 @@ mod tests {
             decode_frame(&bytes)
         };
         assert!(matches!(with(8, 1), Err(AuthError::UnsupportedVersion(1))));
-        assert!(matches!(with(9, 3), Err(AuthError::UnknownChannel(3))));
+        assert!(matches!(with(9, 4), Err(AuthError::UnknownChannel(4))));
         assert!(matches!(with(16, b'X'), Err(AuthError::UnknownKind(b'X'))));
         assert!(matches!(with(12, 1), Err(AuthError::ReservedNotZero)));
         assert!(matches!(with(23, 1), Err(AuthError::ReservedNotZero)));

@@ -18,7 +18,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::{Group, baseline, cargo, deps, json_number, root, run, softroce, start_etcd, wheel};
+use crate::{
+    Group, baseline, cargo, deps, json_number, root, run, shm, softroce, start_etcd, wheel,
+};
 
 /// Block sizes of the profile.
 const SIZES: [usize; 4] = [4 << 10, 16 << 10, 64 << 10, 1 << 20];
@@ -528,6 +530,10 @@ pub(crate) fn command(args: &[String]) -> Result<(), String> {
         wheel::bench(&exe, duration);
         return Ok(());
     }
+    if args.iter().any(|a| a == "--shm-only") {
+        shm::bench(&exe, duration);
+        return Ok(());
+    }
     let raw = tcp_profile(&exe, duration)?;
     if args.iter().any(|a| a == "--tcp-only") {
         return Ok(());
@@ -538,6 +544,7 @@ pub(crate) fn command(args: &[String]) -> Result<(), String> {
     let _ = std::fs::write(&report, raw.join("\n") + "\n");
     println!("\nraw TCP results: {}", report.display());
 
+    shm::bench(&exe, duration);
     wheel::bench(&exe, duration);
     rdma_in_guest(&exe, duration);
 

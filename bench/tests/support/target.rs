@@ -19,7 +19,12 @@ pub struct Target {
 impl Target {
     /// Starts a target with `args` and `envs` and waits for its `segment: <name>` line.
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tern-bench"))
+        Self::start_under(&[], args, envs)
+    }
+
+    /// As [`Target::start`], run by the command `prefix` (`ip netns exec NS`, `setpriv ..`).
+    pub fn start_under(prefix: &[&str], args: &[&str], envs: &[(&str, &str)]) -> Self {
+        let mut child = tern_bench(prefix)
             .arg("--mode=target")
             .args(args)
             .envs(envs.iter().copied())
@@ -81,6 +86,25 @@ impl Drop for Target {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `tern-bench`, run by the command `prefix` when there is one.
+pub fn tern_bench(prefix: &[&str]) -> Command {
+    let exe = env!("CARGO_BIN_EXE_tern-bench");
+    match prefix.split_first() {
+        Some((program, rest)) => {
+            let mut command = Command::new(program);
+            command.args(rest).arg(exe);
+            command
+        }
+        None => Command::new(exe),
+    }
+}
+
+/// The byte `tern-bench` keeps at `offset` of its buffer.
+pub fn target_byte(offset: usize) -> u8 {
+    let x = (offset as u64 / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (offset as u64 % 8);
+    (x >> 56) as u8 ^ (offset as u8)
 }
 
 /// Sends `signal` to `pid` with `kill(1)` (the tests, like the binaries, have no `unsafe`).

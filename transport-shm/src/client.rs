@@ -1,0 +1,898 @@
+//! The initiator's side: one link per same-host peer, made on first use and confirmed there.
+//! Connecting to the abstract socket the peer's descriptor names succeeds only inside the
+//! peer's network namespace; the kernel's credentials of the socket must show this node's
+//! user; with a cluster secret the peer proves it; the peer must answer as the segment asked
+//! for; and reading back by cross-memory attach the nonce it was given proves which process
+//! answered and whether the kernel permits attaching to it. A peer that fails any of this is
+//! not treated as same-host: its slices are handed back to the engine for the next
+//! transport. One that is not there at all, and whose handshake RPC does not answer either,
+//! is gone: its slices fail with `Connection`.
+//!
+//! Memfd buffers are mapped once and copied with one `memcpy` per slice. Any other buffer is
+//! reached by cross-memory attach under a lease: the owner pins the ranges first. A peer
+//! that revokes a buffer (it unregisters it) has it unmapped before it is told that no copy
+//! runs into it; a peer that leaves has everything of it unmapped, and its later slices fail.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, bounded};
+use tern_engine::{Opcode, PeerSegment, Slice, TransferError, TransportContext};
+use tern_memreg::shm::{AttachFailure, MemFd, PeerProcess, SharedMapping, peer_credentials};
+use tern_metadata::auth::{self, Channel, Claims};
+use tern_metadata::rpc::RpcType;
+
+use crate::identity::{Extension, VERSION};
+use crate::server::lock;
+use crate::wire::{self, Frame, FrameReader, MAGIC, MAX_LEASE_RANGES, NONCE_LEN, Opened};
+
+/// How long a peer found not to be same-host is left alone before it is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(10);
+
+/// A mapped memfd buffer of a peer.
+#[derive(Debug)]
+struct Mapped {
+    /// Start of the buffer in the peer.
+    addr: u64,
+    /// Its registered length.
+    len: u64,
+    mapping: SharedMapping,
+    /// False once revoked or the peer left; copies hold the read side while they run, so
+    /// the revocation (which takes the write side) waits for them.
+    live: RwLock<bool>,
+}
+
+impl Mapped {
+    fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|e| e <= self.addr + self.len)
+    }
+}
+
+/// What a request's waiter is told, decided by the reader thread in the order the frames
+/// came (so a revocation that follows an open always finds its mapping).
+#[derive(Debug)]
+enum Reply {
+    Mapped(Arc<Mapped>),
+    Plain,
+    Rejected(String),
+    /// The peer's answer is refused: the slice goes to the next transport.
+    Refused(String),
+    Leased(Vec<bool>),
+}
+
+/// A request waiting for its reply: an open carries what its answer must satisfy.
+#[derive(Debug)]
+struct Pending {
+    reply: Sender<Reply>,
+    open: Option<OpenCheck>,
+}
+
+/// What an Opened answer must satisfy: a buffer the peer published, holding the range.
+#[derive(Debug)]
+struct OpenCheck {
+    addr: u64,
+    len: u64,
+    published: Vec<(u64, u64)>,
+}
+
+impl OpenCheck {
+    fn admits(&self, addr: u64, len: u64) -> bool {
+        let holds = self.addr >= addr
+            && self
+                .addr
+                .checked_add(self.len)
+                .is_some_and(|e| addr.checked_add(len).is_some_and(|end| e <= end));
+        holds && self.published.contains(&(addr, len))
+    }
+}
+
+/// One confirmed same-host peer.
+#[derive(Debug)]
+pub(crate) struct Link {
+    peer: String,
+    stream: UnixStream,
+    /// Writers take it so frames do not interleave.
+    send: Mutex<()>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    next_id: AtomicU64,
+    alive: AtomicBool,
+    maps: RwLock<Vec<Arc<Mapped>>>,
+    /// Buffers of the peer known not to be memfds: `(addr, len)`.
+    plain: Mutex<Vec<(u64, u64)>>,
+    /// How plain buffers of the peer are reached.
+    attach: Attach,
+    /// Why the link ended, once it has.
+    ended: Mutex<Option<String>>,
+    /// The last answer of the peer that was refused (for the report).
+    refusal: Mutex<Option<String>>,
+    io_timeout: Duration,
+    /// Bytes and slices moved with the peer (any copy thread may add).
+    moved: (AtomicU64, AtomicU64),
+}
+
+/// How a peer's plain (not memfd) buffers are reached.
+#[derive(Debug)]
+enum Attach {
+    /// By cross-memory attach into its process.
+    Process(PeerProcess),
+    /// It is this process (another engine in it): through its registry.
+    SameProcess(Arc<tern_memreg::MemoryRegistry>),
+    /// Not at all, for this reason.
+    Refused(String),
+}
+
+/// What became of an attempt to reach a peer.
+pub(crate) enum Reach {
+    Up(Arc<Link>),
+    /// Not same-host after all (or not usable): hand its slices to the next transport.
+    Decline(String),
+    /// The peer is gone: its slices fail.
+    Gone(String),
+}
+
+enum Entry {
+    Up(Arc<Link>),
+    Down { reason: String, retry_at: Instant },
+}
+
+/// Every link of this node, by peer segment and socket.
+pub(crate) struct Links {
+    context: TransportContext,
+    connect_timeout: Duration,
+    io_timeout: Duration,
+    table: Mutex<HashMap<(String, String), Entry>>,
+    readers: Mutex<Vec<JoinHandle<()>>>,
+    /// Connection set-up, one at a time (it is rare, and a peer then gets one link).
+    connecting: Mutex<()>,
+}
+
+/// A peer's state, for the transport's report.
+pub(crate) struct LinkReport {
+    pub(crate) peer: String,
+    pub(crate) up: bool,
+    pub(crate) mapped: usize,
+    pub(crate) bytes: u64,
+    pub(crate) slices: u64,
+    pub(crate) error: Option<String>,
+}
+
+impl Links {
+    pub(crate) fn new(
+        context: TransportContext,
+        connect_timeout: Duration,
+        io_timeout: Duration,
+    ) -> Self {
+        Self {
+            context,
+            connect_timeout,
+            io_timeout,
+            table: Mutex::default(),
+            readers: Mutex::default(),
+            connecting: Mutex::new(()),
+        }
+    }
+
+    /// The link to `peer`, made now if there is none.
+    pub(crate) fn reach(&self, peer: &PeerSegment) -> Reach {
+        let Some(ext) = peer.desc.tern.get("shm").and_then(Extension::from_json) else {
+            return Reach::Decline("the peer publishes no shared-memory socket".into());
+        };
+        let key = (peer.name.clone(), ext.socket.clone());
+        if let Some(reach) = self.known(&key) {
+            return reach;
+        }
+        let _one = lock(&self.connecting);
+        if let Some(reach) = self.known(&key) {
+            return reach;
+        }
+        let (entry, reach) = match self.connect(peer, &ext.socket) {
+            Ok(link) => (Entry::Up(link.clone()), Reach::Up(link)),
+            Err(Unreached::NotSameHost(reason)) => (
+                Entry::Down {
+                    reason: reason.clone(),
+                    retry_at: Instant::now() + RETRY_AFTER,
+                },
+                Reach::Decline(reason),
+            ),
+            Err(Unreached::Gone(reason)) => {
+                lock(&self.table).remove(&key);
+                return Reach::Gone(reason);
+            }
+        };
+        lock(&self.table).insert(key, entry);
+        reach
+    }
+
+    fn known(&self, key: &(String, String)) -> Option<Reach> {
+        let table = lock(&self.table);
+        match table.get(key)? {
+            Entry::Up(link) if link.alive.load(Ordering::Acquire) => Some(Reach::Up(link.clone())),
+            Entry::Up(_) => None,
+            Entry::Down { reason, retry_at } if Instant::now() < *retry_at => {
+                Some(Reach::Decline(reason.clone()))
+            }
+            Entry::Down { .. } => None,
+        }
+    }
+
+    fn connect(&self, peer: &PeerSegment, socket: &str) -> Result<Arc<Link>, Unreached> {
+        let addr = SocketAddr::from_abstract_name(socket.as_bytes())
+            .map_err(|e| Unreached::NotSameHost(format!("socket name {socket:?}: {e}")))?;
+        let stream = match UnixStream::connect_addr(&addr) {
+            Ok(stream) => stream,
+            Err(e) => return Err(self.unreachable(peer, socket, &e)),
+        };
+        let not_same = |what: &str| {
+            let what = what.to_owned();
+            move |e: io::Error| Unreached::NotSameHost(format!("{what}: {e}"))
+        };
+        stream
+            .set_read_timeout(Some(self.connect_timeout))
+            .map_err(not_same("setting up its socket"))?;
+        stream
+            .set_write_timeout(Some(self.connect_timeout))
+            .map_err(not_same("setting up its socket"))?;
+        let cred = peer_credentials(&stream).map_err(not_same("SO_PEERCRED"))?;
+        let uid = tern_memreg::shm::effective_uid();
+        if cred.uid != uid {
+            return Err(Unreached::NotSameHost(format!(
+                "its socket {socket:?} belongs to uid {}, this node runs as {uid}",
+                cred.uid
+            )));
+        }
+        if let Some(secret) = self.context.cluster_secret() {
+            let claims = Claims {
+                client_segment: self.context.segment_name.clone(),
+                server_segment: peer.name.clone(),
+                dialed: socket.to_owned(),
+            };
+            let mut io = &stream;
+            auth::client_handshake(&mut io, secret, Channel::Shm, claims).map_err(|e| {
+                Unreached::NotSameHost(format!("cluster-secret exchange on its socket: {e}"))
+            })?;
+        }
+        let mut nonce = [0u8; NONCE_LEN];
+        getrandom::fill(&mut nonce)
+            .map_err(|e| Unreached::NotSameHost(format!("no random nonce: {e}")))?;
+        let hello = Frame::Hello {
+            magic: MAGIC,
+            version: VERSION as u16,
+            nonce,
+            client_segment: self.context.segment_name.clone(),
+            server_segment: peer.name.clone(),
+        };
+        wire::send(&stream, &hello.encode()).map_err(not_same("sending hello"))?;
+        let mut reader = FrameReader::new();
+        let (probe_addr, segment) = match reader.next(&stream) {
+            Ok(Some(Frame::Welcome {
+                version,
+                probe_addr,
+                segment,
+            })) if u64::from(version) == VERSION => (probe_addr, segment),
+            Ok(Some(Frame::Refused { reason })) => {
+                return Err(Unreached::NotSameHost(format!(
+                    "its socket refused us: {reason}"
+                )));
+            }
+            Ok(other) => {
+                return Err(Unreached::NotSameHost(format!(
+                    "its socket answered {other:?}, not a welcome"
+                )));
+            }
+            Err(e) => {
+                return Err(Unreached::NotSameHost(format!("reading its welcome: {e}")));
+            }
+        };
+        if segment != peer.name {
+            return Err(Unreached::NotSameHost(format!(
+                "its socket {socket:?} answers as segment {segment:?}, not {:?}",
+                peer.name
+            )));
+        }
+        let attach = if cred.pid == std::process::id() as i32 {
+            match crate::server::in_process(socket) {
+                Some(registry) => Attach::SameProcess(registry),
+                None => Attach::Refused("this process, but its engine is gone".into()),
+            }
+        } else {
+            match probe(cred.pid, probe_addr, &nonce) {
+                Ok(process) => Attach::Process(process),
+                Err(why) => {
+                    tracing::debug!("shm peer {}: no cross-memory attach: {why}", peer.name);
+                    Attach::Refused(why)
+                }
+            }
+        };
+        stream
+            .set_read_timeout(None)
+            .map_err(not_same("setting up its socket"))?;
+        let write_half = stream.try_clone().map_err(not_same("cloning its socket"))?;
+        let link = Arc::new(Link {
+            peer: peer.name.clone(),
+            stream: write_half,
+            send: Mutex::new(()),
+            pending: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            alive: AtomicBool::new(true),
+            maps: RwLock::default(),
+            plain: Mutex::default(),
+            attach,
+            ended: Mutex::new(None),
+            refusal: Mutex::new(None),
+            io_timeout: self.io_timeout,
+            moved: Default::default(),
+        });
+        let reading = link.clone();
+        let reader = std::thread::Builder::new()
+            .name("tern-shm-link".into())
+            .spawn(move || reading.read_loop(&stream, reader))
+            .map_err(not_same("starting its reader"))?;
+        let mut readers = lock(&self.readers);
+        readers.retain(|r| !r.is_finished());
+        readers.push(reader);
+        Ok(link)
+    }
+
+    /// The peer's socket does not open: not same-host if its handshake RPC answers (it lives
+    /// elsewhere, or in another network namespace), gone if that does not answer either.
+    fn unreachable(&self, peer: &PeerSegment, socket: &str, error: &io::Error) -> Unreached {
+        match self
+            .context
+            .call_peer(peer, RpcType::Probe, b"{}", Some(self.connect_timeout))
+        {
+            Ok(_) => Unreached::NotSameHost(format!(
+                "cannot connect to its socket {socket:?} ({error}) though it answers: not \
+                 same-host (another network namespace or host)"
+            )),
+            Err(rpc) => Unreached::Gone(format!(
+                "its socket {socket:?} refuses ({error}) and its handshake RPC too ({rpc})"
+            )),
+        }
+    }
+
+    /// Every link's state.
+    pub(crate) fn report(&self) -> Vec<LinkReport> {
+        let table = lock(&self.table);
+        table
+            .iter()
+            .map(|((peer, _), entry)| match entry {
+                Entry::Up(link) => LinkReport {
+                    peer: peer.clone(),
+                    up: link.alive.load(Ordering::Acquire),
+                    mapped: link.maps.read().map_or(0, |m| m.len()),
+                    bytes: link.moved.0.load(Ordering::Relaxed),
+                    slices: link.moved.1.load(Ordering::Relaxed),
+                    error: lock(&link.ended)
+                        .clone()
+                        .or_else(|| lock(&link.refusal).clone())
+                        .or_else(|| match &link.attach {
+                            Attach::Refused(why) => Some(format!("no cross-memory attach: {why}")),
+                            Attach::Process(_) | Attach::SameProcess(_) => None,
+                        }),
+                },
+                Entry::Down { reason, .. } => LinkReport {
+                    peer: peer.clone(),
+                    up: false,
+                    mapped: 0,
+                    bytes: 0,
+                    slices: 0,
+                    error: Some(reason.clone()),
+                },
+            })
+            .collect()
+    }
+
+    /// Closes every link and waits for their readers.
+    pub(crate) fn close(&self) {
+        let links: Vec<Arc<Link>> = lock(&self.table)
+            .drain()
+            .filter_map(|(_, e)| match e {
+                Entry::Up(link) => Some(link),
+                Entry::Down { .. } => None,
+            })
+            .collect();
+        for link in &links {
+            let _ = link.stream.shutdown(std::net::Shutdown::Both);
+        }
+        for reader in lock(&self.readers).drain(..) {
+            let _ = reader.join();
+        }
+        for link in links {
+            link.end("this node shut down");
+        }
+    }
+}
+
+/// Why a peer could not be reached.
+enum Unreached {
+    NotSameHost(String),
+    Gone(String),
+}
+
+/// Reads `nonce` back from `probe_addr` in process `pid`: `Ok` when the kernel permits
+/// cross-memory attach to it and it is the process that answered on the socket.
+fn probe(pid: i32, probe_addr: u64, nonce: &[u8; NONCE_LEN]) -> Result<PeerProcess, String> {
+    let process = PeerProcess::new(pid).map_err(|e| e.to_string())?;
+    let mut seen = [0u8; NONCE_LEN];
+    process
+        .read_bytes(probe_addr, &mut seen)
+        .map_err(|e| match AttachFailure::of(&e) {
+            AttachFailure::Refused => format!(
+                "process_vm_readv into process {pid} refused ({e}): the kernel does not let \
+                 this process ptrace it (it is not dumpable, or Yama's ptrace_scope forbids it)"
+            ),
+            _ => format!("process_vm_readv into process {pid}: {e}"),
+        })?;
+    if &seen != nonce {
+        return Err(format!(
+            "process {pid} does not hold the nonce it was given (another PID namespace?)"
+        ));
+    }
+    Ok(process)
+}
+
+impl Link {
+    fn read_loop(self: &Arc<Self>, stream: &UnixStream, mut reader: FrameReader) {
+        let why = loop {
+            match reader.next(stream) {
+                Ok(Some(Frame::Revoke { id, addr })) => {
+                    self.unmap(addr);
+                    let _send = lock(&self.send);
+                    if let Err(e) = wire::send(&self.stream, &Frame::Revoked { id }.encode()) {
+                        break format!("confirming a revocation: {e}");
+                    }
+                }
+                Ok(Some(Frame::Opened { id, outcome })) => {
+                    let fd = match outcome {
+                        Opened::Memfd { .. } => reader.take_fd(),
+                        _ => None,
+                    };
+                    self.opened(id, outcome, fd);
+                }
+                Ok(Some(Frame::Leased { id, granted })) => {
+                    if let Some(pending) = lock(&self.pending).remove(&id) {
+                        let _ = pending.reply.send(Reply::Leased(granted));
+                    }
+                }
+                Ok(Some(Frame::Refused { reason })) => {
+                    break format!("the peer refused us: {reason}");
+                }
+                Ok(Some(other)) => break format!("the peer sent {other:?} out of turn"),
+                Ok(None) => break "the peer closed its socket (it exited or shut down)".into(),
+                Err(e) => break format!("its socket failed: {e}"),
+            }
+        };
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.end(&why);
+    }
+
+    /// The link is over: every mapping goes (after the copies into it finish), every
+    /// waiting request fails.
+    fn end(&self, why: &str) {
+        self.alive.store(false, Ordering::Release);
+        lock(&self.ended).get_or_insert_with(|| why.to_owned());
+        let maps = std::mem::take(&mut *self.maps.write().unwrap_or_else(|p| p.into_inner()));
+        for mapped in maps {
+            *mapped.live.write().unwrap_or_else(|p| p.into_inner()) = false;
+        }
+        lock(&self.pending).clear();
+    }
+
+    fn unmap(&self, addr: u64) {
+        let mut maps = self.maps.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = maps.iter().position(|m| m.addr == addr) {
+            let mapped = maps.remove(at);
+            drop(maps);
+            // Waits for copies into it to finish; later ones see it dead.
+            *mapped.live.write().unwrap_or_else(|p| p.into_inner()) = false;
+        }
+    }
+
+    /// Settles an Opened answer: checks it against what was asked and what the peer
+    /// published, adopts and maps a memfd, and tells the waiter.
+    fn opened(&self, id: u64, outcome: Opened, fd: Option<OwnedFd>) {
+        let Some(Pending {
+            reply,
+            open: Some(check),
+        }) = lock(&self.pending).remove(&id)
+        else {
+            return;
+        };
+        let answer = match outcome {
+            Opened::Rejected(reason) => Reply::Rejected(reason),
+            Opened::Plain { addr, len } if check.admits(addr, len) => {
+                lock(&self.plain).push((addr, len));
+                Reply::Plain
+            }
+            Opened::Plain { addr, len } => Reply::Refused(format!(
+                "the peer offered [{addr:#x}, +{len}), which is not a buffer it published \
+                 holding [{:#x}, +{})",
+                check.addr, check.len
+            )),
+            Opened::Memfd { addr, len, map_len } => match fd {
+                None => Reply::Refused("the peer sent a memfd answer without a descriptor".into()),
+                Some(_) if !check.admits(addr, len) || map_len < len => Reply::Refused(format!(
+                    "the peer offered a memfd for [{addr:#x}, +{len}) ({map_len} bytes), which \
+                     is not a buffer it published holding [{:#x}, +{}]",
+                    check.addr, check.len
+                )),
+                Some(fd) => self.map(addr, len, fd),
+            },
+        };
+        let _ = reply.send(answer);
+    }
+
+    fn map(&self, addr: u64, len: u64, fd: OwnedFd) -> Reply {
+        let Ok(needed) = usize::try_from(len) else {
+            return Reply::Refused(format!("a buffer of {len} bytes does not fit here"));
+        };
+        let memfd = match MemFd::adopt(fd, needed) {
+            Ok(memfd) => memfd,
+            Err(e) => return Reply::Refused(format!("the peer's descriptor is refused: {e}")),
+        };
+        let mapping = match SharedMapping::map(&memfd) {
+            Ok(mapping) => mapping,
+            Err(e) => return Reply::Refused(format!("mapping the peer's memfd: {e}")),
+        };
+        let mapped = Arc::new(Mapped {
+            addr,
+            len,
+            mapping,
+            live: RwLock::new(true),
+        });
+        let mut maps = self.maps.write().unwrap_or_else(|p| p.into_inner());
+        maps.retain(|m| m.addr != addr);
+        maps.push(mapped.clone());
+        Reply::Mapped(mapped)
+    }
+
+    fn gone(&self) -> TransferError {
+        TransferError::Connection {
+            peer: self.peer.clone(),
+            message: lock(&self.ended)
+                .clone()
+                .unwrap_or_else(|| "the shared-memory link ended".into()),
+        }
+    }
+
+    /// Sends `frame` (whose ID is `id`) and returns a receiver for its reply.
+    fn ask(
+        &self,
+        id: u64,
+        frame: &Frame,
+        open: Option<OpenCheck>,
+    ) -> Result<Receiver<Reply>, TransferError> {
+        if !self.alive.load(Ordering::Acquire) {
+            return Err(self.gone());
+        }
+        let (tx, rx) = bounded(1);
+        lock(&self.pending).insert(id, Pending { reply: tx, open });
+        let sent = {
+            let _send = lock(&self.send);
+            wire::send(&self.stream, &frame.encode())
+        };
+        if let Err(e) = sent {
+            lock(&self.pending).remove(&id);
+            return Err(TransferError::Connection {
+                peer: self.peer.clone(),
+                message: format!("writing to its socket: {e}"),
+            });
+        }
+        Ok(rx)
+    }
+
+    fn wait(&self, id: u64, rx: &Receiver<Reply>) -> Result<Reply, TransferError> {
+        rx.recv_timeout(self.io_timeout).map_err(|_| {
+            // No answer in time, or the link ended: forget the request.
+            lock(&self.pending).remove(&id);
+            if self.alive.load(Ordering::Acquire) {
+                TransferError::Connection {
+                    peer: self.peer.clone(),
+                    message: format!("no answer on its socket within {:?}", self.io_timeout),
+                }
+            } else {
+                self.gone()
+            }
+        })
+    }
+
+    fn mapping(&self, addr: u64, len: u64) -> Option<Arc<Mapped>> {
+        let maps = self.maps.read().unwrap_or_else(|p| p.into_inner());
+        maps.iter().find(|m| m.contains(addr, len)).cloned()
+    }
+
+    fn is_plain(&self, addr: u64, len: u64) -> bool {
+        lock(&self.plain)
+            .iter()
+            .any(|&(a, l)| addr >= a && addr.checked_add(len).is_some_and(|e| e <= a + l))
+    }
+
+    /// Copies one slice through a mapping; `None` hands the slice back when the mapping
+    /// died meanwhile.
+    fn copy_mapped(&self, mapped: &Mapped, slice: Slice) -> Option<Slice> {
+        let live = mapped.live.read().unwrap_or_else(|p| p.into_inner());
+        if !*live {
+            return Some(slice);
+        }
+        let offset = (slice.remote_addr - mapped.addr) as usize;
+        let outcome =
+            slice
+                .local()
+                .slice(slice.local_addr, slice.len)
+                .and_then(|local| match slice.opcode() {
+                    Opcode::Write => mapped.mapping.write_from(offset, local),
+                    Opcode::Read => mapped.mapping.read_into(offset, local),
+                });
+        drop(live);
+        match outcome {
+            Ok(()) => self.completed(slice),
+            Err(e) => slice.fail(TransferError::Protocol {
+                peer: self.peer.clone(),
+                message: format!("copy through the mapping: {e}"),
+            }),
+        }
+        None
+    }
+
+    /// Moves slices to this peer: through mappings where its buffers are memfds (opening
+    /// them first where needed), else by cross-memory attach under a lease.
+    pub(crate) fn carry(&self, slices: Vec<Slice>) {
+        let mut unknown = Vec::new();
+        let mut plain = Vec::new();
+        for slice in slices {
+            if !slice.is_live() {
+                slice.abandon();
+                continue;
+            }
+            let (addr, len) = (slice.remote_addr, slice.len as u64);
+            match self.mapping(addr, len) {
+                Some(mapped) => {
+                    if let Some(slice) = self.copy_mapped(&mapped, slice) {
+                        unknown.push(slice);
+                    }
+                }
+                None if self.is_plain(addr, len) => plain.push(slice),
+                None => unknown.push(slice),
+            }
+        }
+        for slice in unknown {
+            let (addr, len) = (slice.remote_addr, slice.len as u64);
+            if let Some(mapped) = self.mapping(addr, len) {
+                if let Some(slice) = self.copy_mapped(&mapped, slice) {
+                    // Revoked between the lookup and the copy: the buffer is going.
+                    self.reject(slice);
+                }
+                continue;
+            }
+            if self.is_plain(addr, len) {
+                plain.push(slice);
+                continue;
+            }
+            match self.open(&slice) {
+                Ok(Some(mapped)) => {
+                    if let Some(slice) = self.copy_mapped(&mapped, slice) {
+                        self.reject(slice);
+                    }
+                }
+                Ok(None) => plain.push(slice),
+                Err(Refusal::Fail(e)) => slice.fail(e),
+                Err(Refusal::Decline(why)) => slice.decline(&why),
+            }
+        }
+        if !plain.is_empty() {
+            self.attach(plain);
+        }
+    }
+
+    fn reject(&self, slice: Slice) {
+        let error = TransferError::RemoteRejected {
+            peer: self.peer.clone(),
+            addr: slice.remote_addr,
+            len: slice.len,
+        };
+        slice.fail(error);
+    }
+
+    /// Asks the peer how to reach the buffer holding the slice's range: `Some` mapping
+    /// (memfd), `None` (plain memory), or a refusal.
+    fn open(&self, slice: &Slice) -> Result<Option<Arc<Mapped>>, Refusal> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (addr, len) = (slice.remote_addr, slice.len as u64);
+        let check = OpenCheck {
+            addr,
+            len,
+            published: slice
+                .peer()
+                .desc
+                .buffers
+                .iter()
+                .map(|b| (b.addr, b.length))
+                .collect(),
+        };
+        let rx = self
+            .ask(id, &Frame::Open { id, addr, len }, Some(check))
+            .map_err(Refusal::Fail)?;
+        match self.wait(id, &rx).map_err(Refusal::Fail)? {
+            Reply::Mapped(mapped) => Ok(Some(mapped)),
+            Reply::Plain => Ok(None),
+            Reply::Rejected(reason) => {
+                tracing::debug!("shm peer {} rejected a range: {reason}", self.peer);
+                Err(Refusal::Fail(TransferError::RemoteRejected {
+                    peer: self.peer.clone(),
+                    addr,
+                    len: slice.len,
+                }))
+            }
+            Reply::Refused(why) => {
+                tracing::warn!("shm peer {}: {why}", self.peer);
+                *lock(&self.refusal) = Some(why.clone());
+                Err(Refusal::Decline(why))
+            }
+            Reply::Leased(_) => Err(Refusal::Decline(
+                "the peer answered an open with a lease".into(),
+            )),
+        }
+    }
+
+    /// Cross-memory attach for slices into plain buffers: one lease for all of them (in
+    /// chunks of at most [`MAX_LEASE_RANGES`]), the copies, then the release.
+    fn attach(&self, mut slices: Vec<Slice>) {
+        let process = match &self.attach {
+            Attach::Process(process) => *process,
+            Attach::SameProcess(registry) => return self.in_process(registry, slices),
+            Attach::Refused(why) => {
+                let why = format!("no cross-memory attach into {}: {why}", self.peer);
+                for slice in slices {
+                    slice.decline(&why);
+                }
+                return;
+            }
+        };
+        while !slices.is_empty() {
+            let rest = slices.split_off(slices.len().min(MAX_LEASE_RANGES));
+            self.attach_chunk(process, slices);
+            slices = rest;
+        }
+    }
+
+    fn attach_chunk(&self, process: PeerProcess, slices: Vec<Slice>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let ranges = slices
+            .iter()
+            .map(|s| (s.remote_addr, s.len as u64))
+            .collect();
+        let granted = self
+            .ask(id, &Frame::Lease { id, ranges }, None)
+            .and_then(|rx| self.wait(id, &rx));
+        let granted = match granted {
+            Ok(Reply::Leased(granted)) if granted.len() == slices.len() => granted,
+            Ok(_) => {
+                let _send = lock(&self.send);
+                let _ = wire::send(&self.stream, &Frame::Release { id }.encode());
+                for slice in slices {
+                    slice.decline("the peer answered a lease wrongly");
+                }
+                return;
+            }
+            Err(e) => {
+                for slice in slices {
+                    slice.fail(e.clone());
+                }
+                return;
+            }
+        };
+        for (slice, granted) in slices.into_iter().zip(granted) {
+            if !granted {
+                self.reject(slice);
+                continue;
+            }
+            let moved = slice
+                .local()
+                .slice(slice.local_addr, slice.len)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+                .and_then(|local| match slice.opcode() {
+                    Opcode::Write => process.write_from(slice.remote_addr, local),
+                    Opcode::Read => process.read_into(slice.remote_addr, local),
+                });
+            match moved {
+                Ok(()) => self.completed(slice),
+                // Permission withdrawn since the probe (the peer made itself undumpable).
+                Err(e) if AttachFailure::of(&e) == AttachFailure::Refused => {
+                    slice.decline(&format!("cross-memory attach refused: {e}"))
+                }
+                Err(e) if AttachFailure::of(&e) == AttachFailure::Gone => {
+                    slice.fail(TransferError::Connection {
+                        peer: self.peer.clone(),
+                        message: format!("its process is gone: {e}"),
+                    })
+                }
+                Err(e) => slice.fail(TransferError::Protocol {
+                    peer: self.peer.clone(),
+                    message: format!("cross-memory attach: {e}"),
+                }),
+            }
+        }
+        let _send = lock(&self.send);
+        let _ = wire::send(&self.stream, &Frame::Release { id }.encode());
+    }
+}
+
+impl Link {
+    /// Slices to another engine of this process.
+    fn in_process(&self, registry: &tern_memreg::MemoryRegistry, slices: Vec<Slice>) {
+        for slice in slices {
+            let len = slice.len as u64;
+            if copy_in_registry(registry, slice) {
+                self.count(len);
+            }
+        }
+    }
+
+    fn count(&self, bytes: u64) {
+        self.moved.0.fetch_add(bytes, Ordering::Relaxed);
+        self.moved.1.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Completes a slice that moved, counting it for the peer.
+    fn completed(&self, slice: Slice) {
+        self.count(slice.len as u64);
+        slice.complete();
+    }
+}
+
+/// Moves one slice between its local region and a remote range of `registry` (an engine of
+/// this process, or this engine): the range is pinned there first, the same check the owner
+/// makes for a lease, then the bytes are copied between the two regions. True if it moved.
+pub(crate) fn copy_in_registry(registry: &tern_memreg::MemoryRegistry, slice: Slice) -> bool {
+    let peer = slice.peer().name.clone();
+    let remote = usize::try_from(slice.remote_addr)
+        .ok()
+        .and_then(|addr| registry.pin_remote(addr, slice.len).ok().map(|p| (addr, p)));
+    let Some((addr, pin)) = remote else {
+        let error = TransferError::RemoteRejected {
+            peer,
+            addr: slice.remote_addr,
+            len: slice.len,
+        };
+        slice.fail(error);
+        return false;
+    };
+    let moved = pin.slice(addr, slice.len).and_then(|remote| {
+        let local = slice.local().slice(slice.local_addr, slice.len)?;
+        match slice.opcode() {
+            Opcode::Write => remote.copy_from_region(local),
+            Opcode::Read => local.copy_from_region(remote),
+        };
+        Ok(())
+    });
+    drop(pin);
+    match moved {
+        Ok(()) => {
+            slice.complete();
+            true
+        }
+        Err(e) => {
+            slice.fail(TransferError::Protocol {
+                peer,
+                message: e.to_string(),
+            });
+            false
+        }
+    }
+}
+
+/// Why an Open did not give a way to the bytes.
+enum Refusal {
+    Fail(TransferError),
+    Decline(String),
+}

@@ -1,0 +1,505 @@
+//! Tern's same-host transport: transfers between engines on one machine at memory speed, for
+//! any registered memory, chosen by the engine on its own.
+//!
+//! Two paths, chosen per buffer of the peer:
+//!
+//! - **memfd**: memory the engine allocated ([`TransferEngine::allocate`]) lives in a sealed
+//!   memfd ([`Transport::allocate`]). A same-host peer asks for it over the owner's Unix
+//!   socket, receives the descriptor (`SCM_RIGHTS`), maps it once, and from then on a slice
+//!   is one `memcpy` in the initiator, READ as WRITE. The owner only hands out the memfd of
+//!   a registered, remote-accessible buffer it published; the initiator maps only a sealed
+//!   memfd at least as large as a buffer the peer's descriptor lists. Unregistering such a
+//!   buffer tells every peer that mapped it, which unmaps it (after the copies into it
+//!   finish) and confirms before unregistering returns; a peer that leaves has everything
+//!   unmapped, and its later slices fail with `Connection`.
+//! - **cross-memory attach**: any other registered memory (a tensor, memory registered raw)
+//!   moves with `process_vm_readv`/`process_vm_writev` from the initiator, where the kernel
+//!   permits it (same user, the target dumpable, Yama's `ptrace_scope` allowing it). The
+//!   owner pins the ranges for a lease first, over the socket, refusing those not inside its
+//!   registered remote-accessible memory, so a buffer under a lease is in use (unregistering
+//!   it fails) until the lease ends.
+//!
+//! **What the checks cover.** The owner checks every range a peer asks for against its
+//! registry, and for memfds hands out only those buffers. Cross-memory attach, though, is
+//! done by the *initiator's* process on the owner's memory: the owner cannot check each
+//! access itself. What holds it to granted ranges is the initiator's engine (it attaches
+//! only inside leases the owner granted) and the kernel (it allows attaching only to a
+//! process the initiator could ptrace anyway, which could then read or write all of the
+//! owner's memory by other means). It protects against stale descriptors and bugs, not
+//! against a hostile process of the same user. [`PtracePolicy::Refuse`] makes a process
+//! unreachable by cross-memory attach; memfd buffers stay shared.
+//!
+//! **Same host, proven.** The descriptor carries `tern.shm` (a field Mooncake peers ignore):
+//! boot ID, network namespace, host name, user, and the name of an abstract Unix socket.
+//! [`can_reach`](Transport::can_reach) is true only when all of them match this process;
+//! the first slice then confirms it: the socket lives in the peer's network namespace (a
+//! peer elsewhere cannot be connected to), the kernel's credentials of the connection must
+//! show the same user, a cluster secret is proved as on every other connection, the peer
+//! must answer as the segment asked for, and reading back a nonce by cross-memory attach
+//! proves which process answered. A peer that fails any of it is not same-host: its slices
+//! are declined ([`Slice::decline`]) and the engine hands them to the next transport (RDMA,
+//! then TCP), without failing the task. A Mooncake descriptor (no `tern.shm`) never matches.
+//!
+//! It must not decide what to transfer, keep deadlines or publish metadata (the engine
+//! does), and it has no `unsafe`: mappings, descriptor passing and cross-memory attach are
+//! `tern-memreg`'s safe types.
+//!
+//! [`TransferEngine::allocate`]: tern_engine::TransferEngine::allocate
+#![forbid(unsafe_code)]
+
+mod client;
+pub mod identity;
+mod server;
+pub mod wire;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, unbounded};
+use tern_engine::{
+    AlignedBuffer, PeerState, PeerStats, RegionInfo, SegmentDesc, SegmentId, Slice, TransferError,
+    Transport, TransportContext, TransportError, TransportReport,
+};
+
+use crate::client::{Links, Reach};
+use crate::identity::{Extension, HostIdentity, same_host};
+use crate::server::{Owner, Server, lock};
+
+/// The protocol name: the key of this transport's field in descriptors (`tern.shm`).
+pub const PROTOCOL: &str = "shm";
+
+/// Environment variable with the number of copy threads ([`ShmConfig::workers`]).
+pub const WORKERS_ENV: &str = "TERN_SHM_WORKERS";
+
+/// Whether other processes may reach this one by cross-memory attach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PtracePolicy {
+    /// Leave the process as it is: peers of the same user attach where the kernel lets them
+    /// (everywhere without Yama or with `ptrace_scope` 0; with 1 only ancestors).
+    #[default]
+    Keep,
+    /// With Yama's `ptrace_scope` 1, let any process of this user attach
+    /// (`prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`), so that same-host peers can reach
+    /// registered memory that is not a memfd. A wide grant: opt in only where every process
+    /// of the user is trusted.
+    AllowSameUser,
+    /// Make the process not dumpable (`prctl(PR_SET_DUMPABLE, 0)`): no process without
+    /// `CAP_SYS_PTRACE` can attach, so peers reach only its memfd buffers this way and move
+    /// everything else over the next transport. (It also stops core dumps.)
+    Refuse,
+}
+
+/// Settings of the shared-memory transport.
+#[derive(Debug, Clone)]
+pub struct ShmConfig {
+    /// Whether [`TransferEngine::allocate`](tern_engine::TransferEngine::allocate) hands out
+    /// memfd-backed buffers (peers map them). Off: ordinary memory, which peers reach by
+    /// cross-memory attach.
+    pub memfd_buffers: bool,
+    /// What this process allows peers' cross-memory attach.
+    pub ptrace: PtracePolicy,
+    /// Threads that copy (default: one per core, 1 to 4; `TERN_SHM_WORKERS`). A submit's
+    /// slices are spread over them; they sleep when there is nothing to copy.
+    pub workers: usize,
+    /// Largest slice.
+    pub slice_size: usize,
+    /// Bound on making a link (connect, exchange, probe) and on the peer's handshake RPC
+    /// when its socket does not open.
+    pub connect_timeout: Duration,
+    /// Bound on each answer on a link (open, lease).
+    pub io_timeout: Duration,
+    /// How long unregistering waits for peers to confirm they unmapped a buffer.
+    pub revoke_timeout: Duration,
+    /// Peers served at once.
+    pub max_inbound: usize,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let workers = std::env::var(WORKERS_ENV)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| (1..=64).contains(&n))
+            .unwrap_or(cores.clamp(1, 4));
+        Self {
+            memfd_buffers: true,
+            ptrace: PtracePolicy::Keep,
+            workers,
+            slice_size: 1 << 20,
+            connect_timeout: Duration::from_secs(2),
+            io_timeout: Duration::from_secs(10),
+            revoke_timeout: Duration::from_secs(5),
+            max_inbound: 256,
+        }
+    }
+}
+
+/// Why the transport could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShmError {
+    /// `/proc` did not tell the boot ID, network namespace or host name.
+    #[error("reading this host's identity from /proc: {0}")]
+    Identity(std::io::Error),
+    /// The abstract socket could not be bound.
+    #[error("binding the shared-memory socket {socket:?}: {source}")]
+    Bind {
+        /// Its name.
+        socket: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// A copy thread could not be started (the process is out of threads or memory).
+    #[error("starting a copy thread: {0}")]
+    Thread(std::io::Error),
+    /// The ptrace setting asked for could not be applied.
+    #[error("applying {policy:?}: {source}")]
+    Ptrace {
+        /// What was asked.
+        policy: PtracePolicy,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+}
+
+impl From<ShmError> for TransportError {
+    fn from(e: ShmError) -> Self {
+        TransportError::Device {
+            device: PROTOCOL.into(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// The shared-memory transport. Install it beside another transport (TCP, RDMA) for the
+/// peers that are not on this host or whose memory it cannot reach.
+#[derive(Debug)]
+pub struct ShmTransport {
+    config: ShmConfig,
+    identity: Option<HostIdentity>,
+    running: OnceLock<Arc<Running>>,
+}
+
+struct Running {
+    owner: Arc<Owner>,
+    links: Arc<Links>,
+    extension: serde_json::Value,
+    queue: Sender<Vec<Slice>>,
+    stop: Arc<AtomicBool>,
+    server: std::sync::Mutex<Option<Server>>,
+    workers: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("socket", &self.owner.socket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShmTransport {
+    /// A transport with `config`.
+    pub fn new(config: ShmConfig) -> Self {
+        Self {
+            config,
+            identity: HostIdentity::current().ok(),
+            running: OnceLock::new(),
+        }
+    }
+
+    /// The abstract socket peers connect to, once started.
+    pub fn socket_name(&self) -> Option<String> {
+        self.running.get().map(|r| r.owner.socket.clone())
+    }
+
+    /// Peers connected to this node's socket now.
+    pub fn inbound_peers(&self) -> usize {
+        self.running.get().map_or(0, |r| r.owner.peers())
+    }
+
+    fn start_running(&self, context: TransportContext) -> Result<Running, ShmError> {
+        let identity = match &self.identity {
+            Some(identity) => identity.clone(),
+            None => HostIdentity::current().map_err(ShmError::Identity)?,
+        };
+        match self.config.ptrace {
+            PtracePolicy::Keep => {}
+            PtracePolicy::AllowSameUser => {
+                tern_memreg::shm::allow_ptrace_by_same_user().map_err(|source| {
+                    ShmError::Ptrace {
+                        policy: self.config.ptrace,
+                        source,
+                    }
+                })?;
+            }
+            PtracePolicy::Refuse => {
+                tern_memreg::shm::set_dumpable(false).map_err(|source| ShmError::Ptrace {
+                    policy: self.config.ptrace,
+                    source,
+                })?;
+            }
+        }
+        let mut tag = [0u8; 8];
+        getrandom::fill(&mut tag).map_err(|e| ShmError::Identity(std::io::Error::other(e)))?;
+        let socket = format!(
+            "tern-shm-{}-{}",
+            std::process::id(),
+            tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        );
+        let owner = Arc::new(Owner::new(
+            context.registry.clone(),
+            context.segment_name.clone(),
+            socket.clone(),
+            context.cluster_secret().cloned(),
+            self.config.revoke_timeout,
+            self.config.max_inbound,
+        ));
+        let server = Server::start(owner.clone()).map_err(|source| ShmError::Bind {
+            socket: socket.clone(),
+            source,
+        })?;
+        let extension = Extension {
+            identity,
+            socket,
+            pid: std::process::id(),
+        }
+        .to_json();
+        let links = Arc::new(Links::new(
+            context.clone(),
+            self.config.connect_timeout,
+            self.config.io_timeout,
+        ));
+        let (queue, jobs) = unbounded::<Vec<Slice>>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Vec::new();
+        for _ in 0..self.config.workers.max(1) {
+            let (jobs, links, registry) = (jobs.clone(), links.clone(), context.registry.clone());
+            let stop = stop.clone();
+            let worker = std::thread::Builder::new()
+                .name("tern-shm-copy".into())
+                .spawn(move || work(&jobs, &links, &registry, &stop))
+                .map_err(ShmError::Thread)?;
+            workers.push(worker);
+        }
+        Ok(Running {
+            owner,
+            links,
+            extension,
+            queue,
+            stop,
+            server: std::sync::Mutex::new(Some(server)),
+            workers: std::sync::Mutex::new(workers),
+        })
+    }
+}
+
+impl Default for ShmTransport {
+    fn default() -> Self {
+        Self::new(ShmConfig::default())
+    }
+}
+
+/// A copy thread: takes the slices of one submit (or part of it) and moves them.
+fn work(
+    jobs: &Receiver<Vec<Slice>>,
+    links: &Links,
+    registry: &tern_memreg::MemoryRegistry,
+    stop: &AtomicBool,
+) {
+    while let Ok(slices) = jobs.recv() {
+        if stop.load(Ordering::Acquire) {
+            fail_all(slices);
+            return;
+        }
+        let mut rest = slices.into_iter().peekable();
+        while let Some(first) = rest.next() {
+            // The slices of one peer, in order: a submit usually has one.
+            let peer = first.peer().clone();
+            let mut group = vec![first];
+            while let Some(next) = rest.next_if(|s| Arc::ptr_eq(s.peer(), &peer)) {
+                group.push(next);
+            }
+            if peer.id == SegmentId::LOCAL {
+                local(group, registry);
+                continue;
+            }
+            match links.reach(&peer) {
+                Reach::Up(link) => link.carry(group),
+                Reach::Decline(why) => {
+                    for slice in group {
+                        slice.decline(&why);
+                    }
+                }
+                Reach::Gone(why) => {
+                    for slice in group {
+                        slice.fail(TransferError::Connection {
+                            peer: peer.name.clone(),
+                            message: why.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Slices to this engine's own segment: copies between two pinned regions of its registry.
+fn local(slices: Vec<Slice>, registry: &tern_memreg::MemoryRegistry) {
+    for slice in slices {
+        if !slice.is_live() {
+            slice.abandon();
+            continue;
+        }
+        client::copy_in_registry(registry, slice);
+    }
+}
+
+impl Transport for ShmTransport {
+    fn protocol(&self) -> &'static str {
+        PROTOCOL
+    }
+
+    /// Above RDMA (10) and TCP (0): a same-host peer is reached here first.
+    fn priority(&self) -> u8 {
+        20
+    }
+
+    /// Only a peer whose `tern.shm` names this boot, network namespace, host and user (the
+    /// first slice confirms it over the socket).
+    fn can_reach(&self, peer: &SegmentDesc) -> bool {
+        self.identity
+            .as_ref()
+            .is_some_and(|me| same_host(me, peer.tern.get(PROTOCOL)))
+    }
+
+    fn start(&self, context: TransportContext) -> Result<(), TransportError> {
+        let running = self.start_running(context)?;
+        self.running
+            .set(Arc::new(running))
+            .map_err(|_| TransportError::State("shared-memory transport started twice".into()))
+    }
+
+    fn unregister_memory(&self, region: &RegionInfo) {
+        if let Some(running) = self.running.get() {
+            running.owner.revoke(region.addr);
+        }
+    }
+
+    /// Mooncake's fields are not this transport's; it takes its name out of `protocol` when
+    /// another transport is there, so that Mooncake peers see only protocols they know.
+    fn describe(&self, desc: &mut SegmentDesc, _regions: &[RegionInfo]) {
+        if desc.protocol.iter().any(|p| p != PROTOCOL) {
+            desc.protocol.retain(|p| p != PROTOCOL);
+        }
+    }
+
+    fn extension(&self, _regions: &[RegionInfo]) -> Option<serde_json::Value> {
+        self.running.get().map(|r| r.extension.clone())
+    }
+
+    fn allocate(&self, len: usize) -> Option<Result<AlignedBuffer, TransportError>> {
+        if !self.config.memfd_buffers {
+            return None;
+        }
+        let running = self.running.get()?;
+        let name = format!("tern-shm-{}", std::process::id());
+        Some(
+            AlignedBuffer::shared(len, &name)
+                .inspect(|buffer| {
+                    if let Some(memfd) = buffer.memfd() {
+                        running.owner.remember(buffer.addr(), memfd);
+                    }
+                })
+                .map_err(|e| TransportError::Memory {
+                    addr: 0,
+                    len,
+                    message: e.to_string(),
+                }),
+        )
+    }
+
+    fn max_slice_size(&self) -> usize {
+        self.config.slice_size.max(1)
+    }
+
+    fn submit(&self, slices: Vec<Slice>) {
+        let Some(running) = self.running.get() else {
+            for slice in slices {
+                slice.decline("the shared-memory transport is not started");
+            }
+            return;
+        };
+        let workers = self.config.workers.max(1);
+        // Spread a large submit over the copy threads, in contiguous parts.
+        let parts = if slices.len() >= 2 * workers {
+            workers
+        } else {
+            1
+        };
+        let per = slices.len().div_ceil(parts);
+        let mut slices = slices;
+        while slices.len() > per {
+            let rest = slices.split_off(per);
+            let part = std::mem::replace(&mut slices, rest);
+            if let Err(back) = running.queue.send(part) {
+                fail_all(back.0);
+            }
+        }
+        if let Err(back) = running.queue.send(slices) {
+            fail_all(back.0);
+        }
+    }
+
+    fn report(&self) -> TransportReport {
+        let Some(running) = self.running.get() else {
+            return TransportReport::default();
+        };
+        let mut peers: Vec<PeerStats> = running
+            .links
+            .report()
+            .into_iter()
+            .map(|link| PeerStats {
+                peer: link.peer,
+                state: PeerState::of(usize::from(link.up), 0, link.error.is_some()),
+                endpoints: link.mapped,
+                bytes: link.bytes,
+                slices: link.slices,
+                last_error: link.error,
+            })
+            .collect();
+        peers.sort_by(|a, b| a.peer.cmp(&b.peer));
+        TransportReport {
+            retries: 0,
+            peers,
+            ..TransportReport::default()
+        }
+    }
+
+    fn shutdown(&self) {
+        let Some(running) = self.running.get() else {
+            return;
+        };
+        lock(&running.server).take();
+        running.stop.store(true, Ordering::Release);
+        let workers: Vec<_> = lock(&running.workers).drain(..).collect();
+        // Each worker stops at the first job it takes from now on: one empty job each.
+        for _ in &workers {
+            let _ = running.queue.send(Vec::new());
+        }
+        for worker in workers {
+            let _ = worker.join();
+        }
+        running.links.close();
+    }
+}
+
+fn fail_all(slices: Vec<Slice>) {
+    for slice in slices {
+        slice.fail(TransferError::Dropped(
+            "the shared-memory transport stopped".into(),
+        ));
+    }
+}

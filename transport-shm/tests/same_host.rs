@@ -1,0 +1,583 @@
+//! The shared-memory transport between engines of this process, with real sockets, memfds
+//! and mappings: a buffer unregistered while a peer has it mapped is unmapped there before
+//! unregistering returns; a Mooncake-format descriptor (no `tern.shm`) gets no shm; bad input
+//! on the socket, from either side, is refused with a reason, maps nothing, and leaves the
+//! engine serving; the cluster secret is proved on the socket too.
+
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::time::Duration;
+
+use tern_engine::{
+    OwnedBuffer, SegmentDesc, SegmentId, TransferEngine, TransferError, TransferRequest,
+    TransferStatus, Transport,
+};
+use tern_memreg::shm::{MemFd, send_with_fds};
+use tern_metadata::MetadataStore;
+use tern_metadata::auth::{self, Channel, Claims, ClusterSecret};
+use tern_metadata::http::{HttpMetadataServer, HttpStore};
+use tern_transport_shm::wire::{self, Frame, FrameReader, MAGIC, NONCE_LEN, Opened};
+use tern_transport_shm::{ShmConfig, ShmTransport};
+use tern_transport_tcp::TcpTransport;
+
+fn engine(name: &str) -> TransferEngine {
+    TransferEngine::builder()
+        .local_server_name(name)
+        .transport(ShmTransport::default())
+        .transport(TcpTransport::default())
+        .build()
+        .unwrap()
+}
+
+/// The inode of the file mapped at `addr` in this process, if a mapping starts there.
+fn inode_at(addr: usize) -> Option<u64> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().find_map(|line| {
+        let start = usize::from_str_radix(line.split('-').next()?, 16).ok()?;
+        (start == addr).then(|| line.split_whitespace().nth(4)?.parse().ok())?
+    })
+}
+
+/// How many mappings of this process map the memfd with this inode. (Tests run in threads of
+/// one process, so only mappings of a known file are counted.)
+fn mappings_of(inode: u64) -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            l.contains("/memfd:")
+                && l.split_whitespace().nth(4).and_then(|i| i.parse().ok()) == Some(inode)
+        })
+        .count()
+}
+
+fn inode_of(fd: std::os::fd::BorrowedFd<'_>) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::File::from(fd.try_clone_to_owned().unwrap())
+        .metadata()
+        .unwrap()
+        .ino()
+}
+
+fn status(engine: &TransferEngine, request: TransferRequest) -> TransferStatus {
+    let batch = engine.allocate_batch(1).unwrap();
+    engine.submit(&batch, &[request]).unwrap();
+    batch.wait(Duration::from_secs(30));
+    batch.task_status(0).unwrap().status
+}
+
+/// Writes `bytes` from a fresh buffer of `initiator` to the start of `remote` (of segment
+/// `peer`) and checks they landed.
+fn write_lands(initiator: &TransferEngine, peer: SegmentId, remote: &OwnedBuffer, bytes: &[u8]) {
+    let local = initiator.allocate(bytes.len(), "cpu:0").unwrap();
+    local.write_at(0, bytes).unwrap();
+    let request = TransferRequest::write(local.addr(), peer, remote.addr() as u64, bytes.len());
+    assert_eq!(status(initiator, request), TransferStatus::Completed);
+    let mut seen = vec![0u8; bytes.len()];
+    remote.read_at(0, &mut seen).unwrap();
+    assert_eq!(seen, bytes);
+}
+
+fn shm_stats(engine: &TransferEngine) -> tern_engine::TransportStats {
+    engine
+        .stats()
+        .transports
+        .into_iter()
+        .find(|t| t.protocol == "shm")
+        .unwrap()
+}
+
+fn tcp_bytes(engine: &TransferEngine) -> u64 {
+    engine
+        .stats()
+        .transports
+        .iter()
+        .find(|t| t.protocol == "tcp")
+        .map_or(0, |t| t.bytes)
+}
+
+#[test]
+fn a_buffer_unregistered_while_mapped_is_unmapped_in_the_peer_before_unregistering_returns() {
+    let target = engine("127.0.0.1");
+    let initiator = engine("127.0.0.1");
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
+    let remote = target.allocate(1 << 20, "cpu:0").unwrap();
+    let remote_addr = remote.addr();
+    initiator.refresh_segment(peer).unwrap();
+    let inode = inode_at(remote_addr).unwrap();
+    assert_eq!(mappings_of(inode), 1, "only the owner's own");
+    local.write_at(0, b"through the mapping").unwrap();
+    assert_eq!(
+        status(
+            &initiator,
+            TransferRequest::write(local.addr(), peer, remote_addr as u64, 19)
+        ),
+        TransferStatus::Completed
+    );
+    let mut seen = [0u8; 19];
+    remote.read_at(0, &mut seen).unwrap();
+    assert_eq!(&seen, b"through the mapping");
+    assert_eq!(
+        mappings_of(inode),
+        2,
+        "the initiator maps the target's memfd"
+    );
+    assert_eq!(shm_stats(&initiator).bytes, 19);
+    assert_eq!(tcp_bytes(&initiator), 0);
+    drop(remote);
+    // Both the owner's mapping and the peer's are gone the moment unregistering returned.
+    assert_eq!(mappings_of(inode), 0);
+    // The initiator's descriptor is stale now: the owner refuses the range.
+    for request in [
+        TransferRequest::write(local.addr(), peer, remote_addr as u64, 19),
+        TransferRequest::read(local.addr(), peer, remote_addr as u64, 19),
+    ] {
+        assert!(matches!(
+            status(&initiator, request),
+            TransferStatus::Failed(TransferError::RemoteRejected { .. })
+        ));
+    }
+    assert_eq!(mappings_of(inode), 0, "nothing was mapped again");
+}
+
+#[test]
+fn a_mooncake_descriptor_without_the_field_gets_no_shm_and_tcp_carries() {
+    let golden = include_str!("../../metadata/tests/golden/mooncake-tcp-segment.json");
+    let desc = SegmentDesc::from_json(golden.as_bytes()).unwrap();
+    assert!(desc.tern.is_empty());
+    assert!(!ShmTransport::default().can_reach(&desc));
+    // A peer without the transport (as a Mooncake node) publishes no `tern.shm`.
+    let tcp_only = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(TcpTransport::default())
+        .build()
+        .unwrap();
+    assert!(!tcp_only.local_descriptor().tern.contains_key("shm"));
+    let initiator = engine("127.0.0.1");
+    let mine = initiator.local_descriptor();
+    assert!(mine.tern.contains_key("shm"));
+    assert_eq!(mine.protocol, ["tcp"], "Mooncake peers see only TCP");
+    let peer = initiator.open_segment(tcp_only.segment_name()).unwrap();
+    let remote = tcp_only.allocate(4096, "cpu:0").unwrap();
+    initiator.refresh_segment(peer).unwrap();
+    write_lands(&initiator, peer, &remote, b"over tcp");
+    let shm = shm_stats(&initiator);
+    assert_eq!((shm.bytes, shm.slices, shm.peers.len()), (0, 0, 0));
+    assert_eq!(tcp_bytes(&initiator), 8);
+}
+
+/// A client of `target`'s socket that speaks the protocol by hand.
+fn raw_client(target: &TransferEngine) -> UnixStream {
+    let socket = target.local_descriptor().tern["shm"]["socket"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let stream =
+        UnixStream::connect_addr(&SocketAddr::from_abstract_name(socket.as_bytes()).unwrap())
+            .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream
+}
+
+fn hello(client: &str, server: &str) -> Vec<u8> {
+    Frame::Hello {
+        magic: MAGIC,
+        version: 1,
+        nonce: [3; NONCE_LEN],
+        client_segment: client.into(),
+        server_segment: server.into(),
+    }
+    .encode()
+}
+
+/// The frames the server sends until it closes.
+fn answers(stream: &UnixStream) -> Vec<Frame> {
+    let mut reader = FrameReader::new();
+    let mut frames = Vec::new();
+    while let Ok(Some(frame)) = reader.next(stream) {
+        frames.push(frame);
+    }
+    frames
+}
+
+fn refusal(frames: &[Frame]) -> String {
+    match frames.last() {
+        Some(Frame::Refused { reason }) => reason.clone(),
+        other => panic!("no refusal, but {other:?}"),
+    }
+}
+
+#[test]
+fn garbage_unpublished_ranges_and_unasked_descriptors_are_refused_and_the_engine_keeps_serving() {
+    let target = engine("127.0.0.1");
+    let buffer = target.allocate(1 << 16, "cpu:0").unwrap();
+    let name = target.segment_name().to_owned();
+
+    // Bytes that are no frame.
+    let mut garbage = raw_client(&target);
+    garbage.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+    let reason = refusal(&answers(&garbage));
+    assert!(
+        reason.contains("longer than") || reason.contains("unknown frame"),
+        "{reason}"
+    );
+
+    // A hello with the wrong magic, and one for another segment.
+    let mut bad_magic = raw_client(&target);
+    let mut frame = hello("me", &name);
+    frame[wire::HEADER_LEN] ^= 0xff;
+    bad_magic.write_all(&frame).unwrap();
+    assert!(refusal(&answers(&bad_magic)).contains("magic"));
+    let mut wrong = raw_client(&target);
+    wrong.write_all(&hello("me", "someone-else")).unwrap();
+    assert!(refusal(&answers(&wrong)).contains("someone-else"));
+
+    // A well-formed peer asking for ranges the target never published.
+    let mut asking = raw_client(&target);
+    asking.write_all(&hello("me", &name)).unwrap();
+    let mut reader = FrameReader::new();
+    assert!(matches!(
+        reader.next(&asking).unwrap(),
+        Some(Frame::Welcome { .. })
+    ));
+    let outside = (buffer.addr() + (1 << 16)) as u64;
+    for (id, addr, len) in [
+        (1, outside, 8),
+        (2, buffer.addr() as u64, 1 << 17),
+        (3, 8, 8),
+        (4, buffer.addr() as u64, 0),
+    ] {
+        asking
+            .write_all(&Frame::Open { id, addr, len }.encode())
+            .unwrap();
+        match reader.next(&asking).unwrap() {
+            Some(Frame::Opened {
+                id: got,
+                outcome: Opened::Rejected(reason),
+            }) => {
+                assert_eq!(got, id);
+                assert!(!reason.is_empty());
+            }
+            other => panic!("open {id}: {other:?}"),
+        }
+    }
+    asking
+        .write_all(
+            &Frame::Lease {
+                id: 5,
+                ranges: vec![(outside, 8), (buffer.addr() as u64, 8)],
+            }
+            .encode(),
+        )
+        .unwrap();
+    assert_eq!(
+        reader.next(&asking).unwrap(),
+        Some(Frame::Leased {
+            id: 5,
+            granted: vec![false, true]
+        })
+    );
+    // Held by the lease: the buffer is in use, and stays registered.
+    let in_use = target.unregister_memory(buffer.addr()).unwrap_err();
+    assert!(in_use.to_string().contains("in use"), "{in_use}");
+    asking
+        .write_all(&Frame::Release { id: 5 }.encode())
+        .unwrap();
+    // A frame only a server sends.
+    asking
+        .write_all(
+            &Frame::Welcome {
+                version: 1,
+                probe_addr: 0,
+                segment: "x".into(),
+            }
+            .encode(),
+        )
+        .unwrap();
+    assert!(refusal(&answers(&asking)).contains("unexpected"));
+
+    // Descriptors nobody asked for, more than a reader keeps.
+    let flood = raw_client(&target);
+    let memfd = MemFd::create("flood", 4096).unwrap();
+    let mut fds_sent = 0;
+    for _ in 0..8 {
+        if send_with_fds(
+            &flood,
+            b"\0",
+            &[memfd.as_fd(), memfd.as_fd(), memfd.as_fd()],
+        )
+        .is_ok()
+        {
+            fds_sent += 3;
+        }
+    }
+    assert!(fds_sent > 16);
+    let mut rest = Vec::new();
+    let _ = (&flood).read_to_end(&mut rest);
+
+    // Through all of it the engine serves a real peer.
+    let initiator = engine("127.0.0.1");
+    let peer = initiator.open_segment(&name).unwrap();
+    write_lands(&initiator, peer, &buffer, b"still serving");
+    assert_eq!(shm_stats(&initiator).bytes, 13);
+}
+
+/// A fake same-host peer: its descriptor (in an HTTP store) names a socket the test serves,
+/// whose answers to opens are `answers`, in order.
+struct FakePeer {
+    _server: HttpMetadataServer,
+    url: String,
+    buffer: (u64, u64),
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FakePeer {
+    fn start(
+        template: &TransferEngine,
+        answers: Vec<(Opened, Option<std::os::fd::OwnedFd>)>,
+    ) -> Self {
+        let server = HttpMetadataServer::start("127.0.0.1:0".parse().unwrap()).unwrap();
+        let url = format!("http://{}/metadata", server.local_addr());
+        let store = HttpStore::new(&url).unwrap();
+        let socket = format!("tern-shm-fake-{}", std::process::id());
+        let listener =
+            UnixListener::bind_addr(&SocketAddr::from_abstract_name(socket.as_bytes()).unwrap())
+                .unwrap();
+        // This host's identity, a socket the test serves, one buffer at a made-up address.
+        let mut desc = template.local_descriptor();
+        desc.name = "fake".into();
+        desc.tern.get_mut("shm").unwrap()["socket"] = socket.clone().into();
+        let buffer = (0x7000_0000_0000u64, 1u64 << 20);
+        desc.buffers = vec![tern_engine::BufferDesc {
+            addr: buffer.0,
+            length: buffer.1,
+            lkey: None,
+            name: "fake".into(),
+            rkey: None,
+        }];
+        store.publish_segment("fake", &desc).unwrap();
+        // Its handshake RPC is the template's (it answers probes).
+        let rpc = tern_engine::RpcMeta {
+            ip_or_host_name: "127.0.0.1".into(),
+            rpc_port: template.rpc_port(),
+        };
+        store.publish_rpc_meta("fake", &rpc).unwrap();
+        let thread = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = FrameReader::new();
+            let Ok(Some(Frame::Hello { .. })) = reader.next(&stream) else {
+                return;
+            };
+            let probe = Box::new([0u8; NONCE_LEN]);
+            let welcome = Frame::Welcome {
+                version: 1,
+                probe_addr: probe.as_ptr() as u64,
+                segment: "fake".into(),
+            };
+            wire::send(&stream, &welcome.encode()).unwrap();
+            let mut answers = answers.into_iter();
+            while let Ok(Some(frame)) = reader.next(&stream) {
+                let Frame::Open { id, .. } = frame else {
+                    continue;
+                };
+                let Some((outcome, fd)) = answers.next() else {
+                    return;
+                };
+                let bytes = Frame::Opened { id, outcome }.encode();
+                match &fd {
+                    Some(fd) => {
+                        send_with_fds(&stream, &bytes, &[fd.as_fd()]).unwrap();
+                    }
+                    None => wire::send(&stream, &bytes).unwrap(),
+                }
+            }
+        });
+        Self {
+            _server: server,
+            url,
+            buffer,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for FakePeer {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[test]
+fn a_peer_passing_wrong_descriptors_or_unpublished_buffers_is_refused_and_nothing_is_mapped() {
+    let template = engine("127.0.0.1");
+    let (reader, _writer) = std::io::pipe().unwrap();
+    let small = MemFd::create("small", 4096).unwrap();
+    let path = std::env::temp_dir().join(format!("tern-fake-{}", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(1 << 20).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let (addr, len) = (0x7000_0000_0000u64, 1u64 << 20);
+    let fine = MemFd::create("fine", 1 << 20).unwrap();
+    let answers = vec![
+        (
+            Opened::Memfd {
+                addr,
+                len,
+                map_len: len,
+            },
+            Some(reader.into()),
+        ),
+        (
+            Opened::Memfd {
+                addr,
+                len,
+                map_len: len,
+            },
+            Some(file.into()),
+        ),
+        (
+            Opened::Memfd {
+                addr,
+                len,
+                map_len: len,
+            },
+            Some(small.as_fd().try_clone_to_owned().unwrap()),
+        ),
+        (
+            Opened::Memfd {
+                addr,
+                len,
+                map_len: len,
+            },
+            None,
+        ),
+        // A buffer it never published.
+        (
+            Opened::Memfd {
+                addr: addr + 4096,
+                len,
+                map_len: len,
+            },
+            Some(fine.as_fd().try_clone_to_owned().unwrap()),
+        ),
+        (
+            Opened::Plain {
+                addr: addr - 4096,
+                len: 2 * len,
+            },
+            None,
+        ),
+    ];
+    let expected = [
+        "not a memfd",
+        "not a memfd",
+        "fewer than",
+        "without a descriptor",
+        "not a buffer it published",
+        "not a buffer it published",
+    ];
+    let fake = FakePeer::start(&template, answers);
+    let initiator = TransferEngine::builder()
+        .local_server_name("fake-initiator")
+        .advertise_address("127.0.0.1")
+        .metadata(&fake.url)
+        .transport(ShmTransport::new(ShmConfig::default()))
+        .build()
+        .unwrap();
+    let peer = initiator.open_segment("fake").unwrap();
+    let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
+    let offered = [inode_of(small.as_fd()), inode_of(fine.as_fd())];
+    for want in expected {
+        match status(
+            &initiator,
+            TransferRequest::read(local.addr(), peer, fake.buffer.0 + 64, 4096),
+        ) {
+            TransferStatus::Failed(TransferError::Declined { reason, .. }) => {
+                assert!(reason.contains(want), "{reason} (wanted {want:?})")
+            }
+            other => panic!("{other}"),
+        }
+        for inode in offered {
+            assert_eq!(mappings_of(inode), 0, "an offered memfd was mapped");
+        }
+    }
+    // The engine serves a real peer after all that.
+    let real = engine("127.0.0.1");
+    let real_buffer = real.allocate(4096, "cpu:0").unwrap();
+    let sane = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(ShmTransport::default())
+        .build()
+        .unwrap();
+    let peer = sane.open_segment(real.segment_name()).unwrap();
+    let mine = sane.allocate(4096, "cpu:0").unwrap();
+    assert_eq!(
+        status(
+            &sane,
+            TransferRequest::read(mine.addr(), peer, real_buffer.addr() as u64, 4096)
+        ),
+        TransferStatus::Completed
+    );
+    drop(initiator);
+}
+
+fn secured(secret: &str) -> TransferEngine {
+    TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .cluster_secret(secret)
+        .transport(ShmTransport::default())
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn with_a_cluster_secret_the_socket_serves_only_peers_that_prove_it() {
+    let target = secured("s3cret");
+    let remote = target.allocate(4096, "cpu:0").unwrap();
+    // A client that speaks plainly is refused before anything is served.
+    let mut plain = raw_client(&target);
+    plain
+        .write_all(&hello("me", target.segment_name()))
+        .unwrap();
+    let frames = answers(&plain);
+    assert!(
+        !frames.iter().any(|f| matches!(f, Frame::Welcome { .. })),
+        "{frames:?}"
+    );
+    // One that proves another secret is refused too; the right one gets its welcome.
+    for (secret, welcomed) in [("other", false), ("s3cret", true)] {
+        let mut client = raw_client(&target);
+        let claims = Claims {
+            client_segment: "me".into(),
+            server_segment: target.segment_name().into(),
+            dialed: target.local_descriptor().tern["shm"]["socket"]
+                .as_str()
+                .unwrap()
+                .into(),
+        };
+        let secret = ClusterSecret::new(secret.as_bytes()).unwrap();
+        let proved = auth::client_handshake(&mut client, &secret, Channel::Shm, claims);
+        assert_eq!(proved.is_ok(), welcomed, "{proved:?}");
+        if welcomed {
+            client
+                .write_all(&hello("me", target.segment_name()))
+                .unwrap();
+            assert!(matches!(
+                FrameReader::new().next(&client).unwrap(),
+                Some(Frame::Welcome { .. })
+            ));
+        }
+    }
+    // A peer engine with the secret moves bytes over shm.
+    let friend = secured("s3cret");
+    let peer = friend.open_segment(target.segment_name()).unwrap();
+    write_lands(&friend, peer, &remote, &[7u8; 4096]);
+    assert_eq!(shm_stats(&friend).bytes, 4096);
+}
