@@ -236,6 +236,14 @@ impl BatchInner {
         self.finish(task, FAILED);
     }
 
+    /// `task` has `more` slices than it started with (a declined slice cut again). Only
+    /// while a slice of the task has not reported, so the task cannot end meanwhile.
+    pub(crate) fn add_slices(&self, task: usize, more: u32) {
+        self.tasks[task]
+            .slices_total
+            .fetch_add(more, Ordering::AcqRel);
+    }
+
     /// Counts one slice of `task` done with `bytes` moved; true when it was the last, and
     /// the caller then [`complete_task`](Self::complete_task)s it (after letting go of what
     /// the task held).

@@ -19,6 +19,7 @@ use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc};
 use crate::batch::BatchInner;
 use crate::engine::EngineInner;
 use crate::error::TransferError;
+use crate::slicing::split;
 use crate::stats::{EngineCounters, TransportReport};
 use crate::types::{Opcode, SegmentId};
 
@@ -447,9 +448,9 @@ impl Slice {
     }
 
     /// This transport cannot carry the slice (memory it cannot reach, a peer it cannot
-    /// connect to): the engine offers it to the next transport that reaches the peer, and
-    /// fails it with `why` if there is none. The slice's task goes on; the slices already
-    /// moving are not touched.
+    /// connect to): the engine offers it to the next transport that reaches the peer (cut
+    /// again to that transport's slice size if it is larger), and fails it with `why` if
+    /// there is none. The slice's task goes on; the slices already moving are not touched.
     pub fn decline(self, why: &str) {
         let error = TransferError::Declined {
             segment: self.submission().peer.name.clone(),
@@ -474,8 +475,38 @@ impl Slice {
             submission.peer.name,
             engine.transports[transport].protocol()
         );
-        self.rank = next as u8;
-        engine.transports[transport].submit(vec![self]);
+        let next_transport = &engine.transports[transport];
+        let pieces = split(
+            self.len,
+            next_transport.max_slice_size(),
+            next_transport.merge_tail_below(),
+        );
+        let count = pieces.clone().count();
+        if count <= 1 {
+            self.rank = next as u8;
+            return next_transport.submit(vec![self]);
+        }
+        // Too large for the next transport: cut again to its slice size. The task counts the
+        // extra slices before any of them can report (this one has not).
+        let Some(submission) = self.submission.take() else {
+            return;
+        };
+        submission
+            .batch
+            .add_slices(self.task as usize, count as u32 - 1);
+        let slices = pieces
+            .map(|(offset, len)| Slice {
+                local_addr: self.local_addr + offset,
+                len,
+                remote_addr: self.remote_addr + offset as u64,
+                opcode: self.opcode,
+                task: self.task,
+                rank: next as u8,
+                submission: Some(submission.clone()),
+            })
+            .collect();
+        drop(submission);
+        next_transport.submit(slices);
     }
 }
 

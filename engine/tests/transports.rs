@@ -24,6 +24,7 @@ struct Stub {
     completed: Arc<AtomicUsize>,
     offers_memory: bool,
     allocations: Arc<AtomicUsize>,
+    slice_size: usize,
 }
 
 impl Stub {
@@ -36,6 +37,7 @@ impl Stub {
             completed: Arc::default(),
             offers_memory: false,
             allocations: Arc::default(),
+            slice_size: 4096,
         }
     }
 }
@@ -73,7 +75,7 @@ impl Transport for Stub {
         })
     }
     fn max_slice_size(&self) -> usize {
-        4096
+        self.slice_size
     }
     fn submit(&self, slices: Vec<Slice>) {
         for slice in slices {
@@ -145,6 +147,38 @@ fn a_declined_slice_moves_to_the_next_transport_and_its_task_completes() {
         .find(|t| t.protocol == "far")
         .unwrap();
     assert_eq!((far_stats.slices, far_stats.bytes), (6, 24 << 10));
+}
+
+#[test]
+fn a_declined_slice_larger_than_the_next_transport_takes_is_cut_again() {
+    let mut near = Stub::new("near", 20);
+    near.slice_size = 16 << 10;
+    near.decline_from = 0;
+    let near_declined = near.declined.clone();
+    let far = Stub::new("far", 10);
+    let far_done = far.completed.clone();
+    let engine = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(far)
+        .transport(near)
+        .build()
+        .unwrap();
+    let buffer = engine.allocate(64 << 10, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(1).unwrap();
+    let request = TransferRequest::write(
+        buffer.addr(),
+        SegmentId::LOCAL,
+        (buffer.addr() + (32 << 10)) as u64,
+        32 << 10,
+    );
+    engine.submit(&batch, &[request]).unwrap();
+    batch.wait(Duration::from_secs(5));
+    let status = batch.task_status(0).unwrap();
+    assert_eq!(status.status, TransferStatus::Completed);
+    assert_eq!(status.transferred_bytes, 32 << 10);
+    // Two 16 KiB slices declined, carried as eight of the next transport's 4 KiB.
+    assert_eq!(near_declined.load(Ordering::Relaxed), 2);
+    assert_eq!(far_done.load(Ordering::Relaxed), 8);
 }
 
 #[test]
