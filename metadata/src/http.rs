@@ -253,8 +253,8 @@ fn read_head(
     // "HTTP/…" is still a request (found by fuzzing).
     let status = if response {
         first
-            .split_whitespace()
-            .nth(1)
+            .strip_prefix("HTTP/")
+            .and_then(|rest| rest.split_whitespace().nth(1))
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| format!("bad status line {first:?}"))?
     } else {
