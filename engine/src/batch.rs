@@ -259,22 +259,22 @@ impl BatchInner {
     /// Moves `task` to Completed (if nothing ended it before) and times it; `moved` is its
     /// last slice's (transport, bytes) if that slice completed, counted with the timing.
     pub(crate) fn complete_task(&self, task: usize, moved: Option<(usize, u64)>) {
-        let finished = self.finish(task, COMPLETED);
-        let Some(timer) = &self.timer else {
-            return;
-        };
-        let took = finished.then(|| {
-            let t = &self.tasks[task];
-            let took = (self.origin.elapsed().as_nanos() as u64)
-                .saturating_sub(t.started_ns.load(Ordering::Relaxed));
-            let opcode = if t.write.load(Ordering::Relaxed) {
-                Opcode::Write
-            } else {
-                Opcode::Read
-            };
-            (opcode, t.len.load(Ordering::Relaxed) as usize, took)
-        });
-        timer.task_done(moved, took);
+        // Counted before the task ends, so that whoever sees it end sees it counted.
+        if let Some(timer) = &self.timer {
+            let took = self.task_live(task).then(|| {
+                let t = &self.tasks[task];
+                let took = (self.origin.elapsed().as_nanos() as u64)
+                    .saturating_sub(t.started_ns.load(Ordering::Relaxed));
+                let opcode = if t.write.load(Ordering::Relaxed) {
+                    Opcode::Write
+                } else {
+                    Opcode::Read
+                };
+                (opcode, t.len.load(Ordering::Relaxed) as usize, took)
+            });
+            timer.task_done(moved, took);
+        }
+        self.finish(task, COMPLETED);
     }
 
     /// Whether a slice of `task` should still run: the task is pending. (A task past its

@@ -531,26 +531,27 @@ impl Worker {
         };
         slot.in_flight[q] -= count;
         self.outstanding -= count;
-        let mut succeeded = 0u64;
-        let mut bytes = 0u64;
+        let mut succeeded = false;
         let mut failed = None;
+        let counters = &self.inbox.counters;
         for (job, outcome) in retired.drain(..) {
             match outcome {
                 Outcome::Done => {
-                    bytes += job.slice.len as u64;
+                    // Counted before the slice reports, so that whoever sees its task end
+                    // sees it counted.
+                    let bytes = job.slice.len as u64;
+                    counters.bytes.add(bytes);
+                    counters.slices.add(1);
+                    slot.moved.0.add(bytes);
+                    slot.moved.1.add(1);
                     job.slice.complete();
-                    succeeded += 1;
+                    succeeded = true;
                 }
                 Outcome::Failed(error) => failed = Some((job, error)),
             }
         }
         self.retired = retired;
-        if succeeded > 0 {
-            let counters = &self.inbox.counters;
-            counters.bytes.add(bytes);
-            counters.slices.add(succeeded);
-            slot.moved.0.add(bytes);
-            slot.moved.1.add(succeeded);
+        if succeeded {
             self.shared.succeeded(self.nic);
         }
         if let Some((job, error)) = failed {
