@@ -110,26 +110,35 @@ fn serve(
             return Err(format!("refused, nothing served: {e}"));
         }
     }
-    let mut header = [0u8; HEADER_LEN];
+    // What arrived beyond the last request: the next headers (a client sends the headers of
+    // consecutive reads together) or the start of a write's body, taken in one read.
+    let mut staged = Staging::default();
     loop {
-        let got = served.await_frame(&mut header).map_err(|e| match e {
-            e if is_tick(&e) => "idle for too long".to_owned(),
-            e => e.to_string(),
-        })?;
-        if got == 0 {
-            return Ok(());
+        if staged.len() < HEADER_LEN {
+            staged.compact();
+            if staged.is_empty() {
+                let got = served.await_frame(staged.spare()).map_err(|e| match e {
+                    e if is_tick(&e) => "idle for too long".to_owned(),
+                    e => e.to_string(),
+                })?;
+                if got == 0 {
+                    return Ok(());
+                }
+                staged.end += got;
+            }
+            if staged.len() < HEADER_LEN {
+                let mut frame = served.frame();
+                read_rest(&mut frame, &mut staged)?;
+            }
         }
-        if got < HEADER_LEN {
-            let mut frame = served.frame();
-            read_rest(&mut frame, &mut header[got..], got)?;
-        }
-        let header = Header::decode(&header);
+        let header = Header::decode(staged.take_header());
         let deadline = Instant::now()
             + io_timeout
             + Duration::from_secs(header.size.min(MAX_DRAIN) / MIN_BODY_RATE);
         let mut conn = Deadlined {
             stream: &mut served.stream,
             deadline,
+            staged: &mut staged,
         };
         match serve_request(&mut conn, &header, registry)? {
             Served::Read(bytes) => {
@@ -171,33 +180,84 @@ impl ServedCounts {
     }
 }
 
-/// The rest of a header, within the frame deadline.
-fn read_rest(
-    frame: &mut DeadlineRead<'_, TcpStream>,
-    rest: &mut [u8],
-    already: usize,
-) -> Result<(), String> {
-    let mut filled = 0;
-    while filled < rest.len() {
-        match frame.read(&mut rest[filled..]) {
+/// Reads into `staged` within the frame deadline until it holds a whole header.
+fn read_rest(frame: &mut DeadlineRead<'_, TcpStream>, staged: &mut Staging) -> Result<(), String> {
+    while staged.len() < HEADER_LEN {
+        match frame.read(staged.spare()) {
             Ok(0) => {
                 return Err(format!(
                     "truncated header ({} of {HEADER_LEN} bytes)",
-                    already + filled
+                    staged.len()
                 ));
             }
-            Ok(n) => filled += n,
+            Ok(n) => staged.end += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if is_tick(&e) => {
                 return Err(format!(
                     "silent mid-header ({} of {HEADER_LEN} bytes)",
-                    already + filled
+                    staged.len()
                 ));
             }
             Err(e) => return Err(e.to_string()),
         }
     }
     Ok(())
+}
+
+/// Bytes read off a connection ahead of the request that needs them.
+struct Staging {
+    buf: Box<[u8; STAGING]>,
+    start: usize,
+    end: usize,
+}
+
+/// How much one read off a connection may take ahead: a page, so that a write's body beyond
+/// it goes straight into registered memory.
+const STAGING: usize = 4096;
+
+impl Default for Staging {
+    fn default() -> Self {
+        Self {
+            buf: Box::new([0; STAGING]),
+            start: 0,
+            end: 0,
+        }
+    }
+}
+
+impl Staging {
+    fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    /// Moves what is held to the front, making room behind it.
+    fn compact(&mut self) {
+        self.buf.copy_within(self.start..self.end, 0);
+        self.end -= self.start;
+        self.start = 0;
+    }
+
+    /// The room behind what is held.
+    fn spare(&mut self) -> &mut [u8] {
+        &mut self.buf[self.end..]
+    }
+
+    /// The next header (the caller made sure a whole one is held).
+    fn take_header(&mut self) -> &[u8; HEADER_LEN] {
+        let at = self.start;
+        self.start = (at + HEADER_LEN).min(self.end);
+        self.buf[at..at + HEADER_LEN]
+            .try_into()
+            .unwrap_or(&[0; HEADER_LEN])
+    }
+
+    fn held(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
 }
 
 /// What [`serve_request`] did with a request the connection survives.
@@ -298,6 +358,8 @@ pub fn serve_request<C: RegionIo + Read + Write>(
 struct Deadlined<'a> {
     stream: &'a mut TcpStream,
     deadline: Instant,
+    /// Taken before the stream.
+    staged: &'a mut Staging,
 }
 
 impl Deadlined<'_> {
@@ -320,6 +382,12 @@ impl Deadlined<'_> {
 
 impl Read for Deadlined<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if !self.staged.is_empty() {
+            let n = buf.len().min(self.staged.len());
+            buf[..n].copy_from_slice(&self.staged.held()[..n]);
+            self.staged.start += n;
+            return Ok(n);
+        }
         self.retry(|s| s.read(buf))
     }
 }
@@ -336,10 +404,38 @@ impl Write for Deadlined<'_> {
 
 impl RegionIo for Deadlined<'_> {
     fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize> {
+        if !self.staged.is_empty() {
+            let n = dst.copy_from(self.staged.held());
+            self.staged.start += n;
+            return Ok(n);
+        }
         self.retry(|s| s.read_into(dst))
     }
 
     fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {
         self.retry(|s| s.write_from(prefix, src))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_hands_out_headers_in_order_and_keeps_the_rest() {
+        let mut staged = Staging::default();
+        let bytes: Vec<u8> = (0..(2 * HEADER_LEN + 5) as u8).collect();
+        staged.spare()[..bytes.len()].copy_from_slice(&bytes);
+        staged.end += bytes.len();
+        assert_eq!(&staged.take_header()[..], &bytes[..HEADER_LEN]);
+        assert_eq!(
+            &staged.take_header()[..],
+            &bytes[HEADER_LEN..2 * HEADER_LEN]
+        );
+        assert_eq!(staged.held(), &bytes[2 * HEADER_LEN..]);
+        staged.compact();
+        assert_eq!(staged.start, 0);
+        assert_eq!(staged.held(), &bytes[2 * HEADER_LEN..]);
+        assert_eq!(staged.spare().len(), STAGING - 5);
     }
 }
