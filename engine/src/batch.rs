@@ -143,7 +143,7 @@ impl BatchInner {
     /// once per submit, not per task, and only when tasks are timed.
     pub(crate) fn start_clock(&self) -> u64 {
         if self.timer.is_some() {
-            self.origin.elapsed().as_nanos() as u64
+            crate::stats::clock_ns()
         } else {
             0
         }
@@ -263,7 +263,7 @@ impl BatchInner {
         if let Some(timer) = &self.timer {
             let took = self.task_live(task).then(|| {
                 let t = &self.tasks[task];
-                let took = (self.origin.elapsed().as_nanos() as u64)
+                let took = crate::stats::completion_ns()
                     .saturating_sub(t.started_ns.load(Ordering::Relaxed));
                 let opcode = if t.write.load(Ordering::Relaxed) {
                     Opcode::Write

@@ -50,7 +50,8 @@ pub use error::{EngineError, TransferError};
 pub use memory::OwnedBuffer;
 pub use stats::{
     EngineStats, LATENCY_BUCKETS_US, LatencyStats, LocalCounter, NicStats, PROMETHEUS_CONTENT_TYPE,
-    PeerState, PeerStats, SIZE_CLASSES, ServedStats, TransportReport, TransportStats,
+    PeerState, PeerStats, ReportTogether, SIZE_CLASSES, ServedStats, TransportReport,
+    TransportStats,
 };
 pub use tern_memreg::{
     AlignedBuffer, Pinned, PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw,

@@ -6,12 +6,15 @@
 //! Counting is meant to cost nothing on the data path: each thread counts into a shard of
 //! its own ([`LocalCounter`]s: a load and a store, no atomic read-modify-write, no shared
 //! cache line), and the shards are summed only when someone asks. A transfer's latency is
-//! taken once per task (two clock reads), not per slice. [`TransferEngineBuilder::metrics`]
+//! timed with one clock reading per submit call and one per task end — or one per poll,
+//! where a transport reports the ends it found together ([`ReportTogether`]) — never per
+//! slice. [`TransferEngineBuilder::metrics`]
 //! (crate::TransferEngineBuilder::metrics) turns the engine's own counting off.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, MetricEncoder, NoLabelSet, prometheus_text};
@@ -73,10 +76,8 @@ struct Histogram {
 impl Histogram {
     fn record(&self, ns: u64) {
         let us = ns / 1_000;
-        let bucket = LATENCY_BUCKETS_US
-            .iter()
-            .position(|&b| us <= b)
-            .unwrap_or(LATENCY_BUCKETS_US.len());
+        // The first bound not below `us` (the bounds ascend); past the last, the overflow.
+        let bucket = LATENCY_BUCKETS_US.partition_point(|&b| b < us);
         self.buckets[bucket].add(1);
         self.sum_ns.add(ns);
     }
@@ -95,6 +96,77 @@ struct Shard {
     transports: Box<[TransportCells]>,
     /// `[read, write][size class]`.
     latency: [[Histogram; SIZE_CLASSES.len()]; 2],
+}
+
+/// How this thread times the tasks it ends: each by a clock reading of its own, or (inside
+/// a [`ReportTogether`]) all by one reading, taken when the first of them ends.
+#[derive(Debug, Clone, Copy)]
+enum CompletionClock {
+    Each,
+    /// Nanoseconds since [`clock_ns`]'s epoch, once read.
+    Shared(Option<u64>),
+}
+
+thread_local! {
+    static COMPLETION_CLOCK: Cell<CompletionClock> = const { Cell::new(CompletionClock::Each) };
+}
+
+/// While it lives, the slices this thread reports (and the tasks they end) are timed by one
+/// clock reading instead of one each: for a transport that learns of many ends at once — one
+/// poll of a completion queue, one read of status frames — so that timing costs a clock
+/// reading per poll, not per slice. The reading is taken when the first task ends. Hold it
+/// only while reporting what has already ended (drop it before moving more bytes, or the
+/// times come out early). One begun while another lives shares the outer one's reading.
+#[derive(Debug)]
+#[must_use = "reports are timed together only while it lives"]
+pub struct ReportTogether {
+    outer: Option<CompletionClock>,
+    /// Thread-bound: it restores this thread's clock.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl ReportTogether {
+    /// Starts timing this thread's reports together.
+    pub fn begin() -> Self {
+        let outer = match COMPLETION_CLOCK.get() {
+            CompletionClock::Shared(_) => None,
+            outer @ CompletionClock::Each => {
+                COMPLETION_CLOCK.set(CompletionClock::Shared(None));
+                Some(outer)
+            }
+        };
+        Self {
+            outer,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for ReportTogether {
+    fn drop(&mut self) {
+        if let Some(outer) = self.outer {
+            COMPLETION_CLOCK.set(outer);
+        }
+    }
+}
+
+/// Nanoseconds since a fixed instant of this process: what tasks are timed in.
+pub(crate) fn clock_ns() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// When a task this thread ends now ended, by [`clock_ns`] (see [`ReportTogether`]).
+pub(crate) fn completion_ns() -> u64 {
+    match COMPLETION_CLOCK.get() {
+        CompletionClock::Each => clock_ns(),
+        CompletionClock::Shared(Some(at)) => at,
+        CompletionClock::Shared(None) => {
+            let at = clock_ns();
+            COMPLETION_CLOCK.set(CompletionClock::Shared(Some(at)));
+            at
+        }
+    }
 }
 
 static NEXT_ENGINE: AtomicU64 = AtomicU64::new(1);
@@ -130,31 +202,48 @@ impl EngineCounters {
         }
     }
 
-    /// Runs `f` on this thread's shard of this engine, making it on first use.
+    /// Runs `f` on this thread's shard of this engine, making it on first use. The shard
+    /// used last sits first, so a thread counting for one engine finds it at once.
     fn with_shard(&self, f: impl FnOnce(&Shard)) {
         if !self.enabled {
             return;
         }
         SHARDS.with(|shards| {
-            let mut shards = shards.borrow_mut();
-            if let Some((_, shard)) = shards.iter().find(|(id, _)| *id == self.id) {
-                return f(shard);
+            {
+                let shards = shards.borrow();
+                if let Some((id, shard)) = shards.first()
+                    && *id == self.id
+                {
+                    return f(shard);
+                }
             }
-            // Shards of engines gone (only this thread holds them) go first.
-            shards.retain(|(_, shard)| Arc::strong_count(shard) > 1);
-            let shard = Arc::new(Shard {
-                transports: (0..self.transports)
-                    .map(|_| TransportCells::default())
-                    .collect(),
-                latency: Default::default(),
-            });
-            self.shards
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(shard.clone());
-            f(&shard);
-            shards.push((self.id, shard));
+            let shards = &mut *shards.borrow_mut();
+            f(&self.shard_first(shards));
         });
+    }
+
+    /// Puts this engine's shard of this thread first in `shards`, making it if there is none.
+    #[cold]
+    #[inline(never)]
+    fn shard_first(&self, shards: &mut Vec<(u64, Arc<Shard>)>) -> Arc<Shard> {
+        if let Some(at) = shards.iter().position(|(id, _)| *id == self.id) {
+            shards.swap(0, at);
+            return shards[0].1.clone();
+        }
+        // Shards of engines gone (only this thread holds them) go first.
+        shards.retain(|(_, shard)| Arc::strong_count(shard) > 1);
+        let shard = Arc::new(Shard {
+            transports: (0..self.transports)
+                .map(|_| TransportCells::default())
+                .collect(),
+            latency: Default::default(),
+        });
+        self.shards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(shard.clone());
+        shards.insert(0, (self.id, shard.clone()));
+        shard
     }
 
     pub(crate) fn moved(&self, transport: usize, bytes: u64) {
@@ -655,5 +744,73 @@ impl Collector for Snapshot {
                 metric.encode_histogram::<NoLabelSet>(l.sum_seconds, l.count, &buckets, None)
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn pause() {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+
+    #[test]
+    fn reports_together_share_one_reading_and_only_while_it_lives() {
+        let alone = completion_ns();
+        pause();
+        assert!(
+            completion_ns() > alone,
+            "without a guard each end reads the clock"
+        );
+        let outer = ReportTogether::begin();
+        pause();
+        let first = completion_ns();
+        assert!(
+            first > alone,
+            "the reading is taken at the first end, not before"
+        );
+        pause();
+        assert_eq!(completion_ns(), first);
+        {
+            let _inner = ReportTogether::begin();
+            pause();
+            assert_eq!(
+                completion_ns(),
+                first,
+                "a nested guard shares the outer reading"
+            );
+        }
+        assert_eq!(
+            completion_ns(),
+            first,
+            "the inner guard leaves the outer one standing"
+        );
+        drop(outer);
+        pause();
+        assert!(completion_ns() > first);
+    }
+
+    #[test]
+    fn latency_buckets_take_the_first_bound_not_below() {
+        let histogram = Histogram::default();
+        for us in [0, 5, 6, 10, 11, 10_000_000, 10_000_001] {
+            histogram.record(us * 1_000);
+        }
+        let counts: Vec<u64> = histogram.buckets.iter().map(LocalCounter::get).collect();
+        assert_eq!(counts[0], 2, "0 and 5 µs are in the first bucket (≤ 5)");
+        assert_eq!(counts[1], 2, "6 and 10 µs in ≤ 10");
+        assert_eq!(counts[2], 1, "11 µs in ≤ 20");
+        assert_eq!(
+            counts[LATENCY_BUCKETS_US.len() - 1],
+            1,
+            "10 s in the last bound"
+        );
+        assert_eq!(
+            counts[LATENCY_BUCKETS_US.len()],
+            1,
+            "above it, the overflow"
+        );
     }
 }

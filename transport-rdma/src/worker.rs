@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use tern_engine::{LocalCounter, Opcode, Pinned, Slice, Submission, TransferError};
+use tern_engine::{LocalCounter, Opcode, Pinned, ReportTogether, Slice, Submission, TransferError};
 use tern_verbs::{Completion, CompletionError, CompletionQueue, Outcome, SendOp, SendWork, Sge};
 
 use crate::endpoint::{Endpoint, State};
@@ -503,6 +503,8 @@ impl Worker {
                 0
             }
         };
+        // What one poll found ended at one time: one clock reading times them all.
+        let _together = ReportTogether::begin();
         for completion in completions.drain(..) {
             self.complete(completion);
         }

@@ -17,7 +17,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use tern_engine::{LocalCounter, Opcode, PeerState, PeerStats, Slice, TransferError};
+use tern_engine::{
+    LocalCounter, Opcode, PeerState, PeerStats, ReportTogether, Slice, TransferError,
+};
 use tern_memreg::{RegionIo, wait_ready};
 use tern_metadata::auth::{Channel, ClusterSecret};
 use tern_metadata::net::{Dial, DialAuth, dial};
@@ -541,15 +543,21 @@ impl Window {
         stream: &mut TcpStream,
     ) -> Result<Step, Failure> {
         let mut step = Step::Blocked;
+        // Writes whose statuses came in one read ended together: one clock reading times them.
+        let mut together: Option<ReportTogether> = None;
         while let Some(front) = self.awaiting.front() {
             let status_len = if front.v2 { 8 } else { 0 };
             let (is_read, len) = (front.slice.opcode() == Opcode::Read, front.slice.len);
             // A write's status comes after its data reached the server, a read's before its
             // data: either way the status is first on the wire for this request.
             if front.status_got < status_len {
+                drop(together.take());
                 match self.read_statuses(stream) {
                     Ok(0) => return Err(Failure::Io(io::ErrorKind::UnexpectedEof.into())),
-                    Ok(_) => step = Step::Moved,
+                    Ok(_) => {
+                        step = Step::Moved;
+                        together = Some(ReportTogether::begin());
+                    }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(step),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(Failure::Io(e)),
@@ -592,6 +600,7 @@ impl Window {
                         len - front.body_got,
                     )
                     .map_err(|e| Failure::Io(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+                drop(together.take());
                 match stream.read_into(body) {
                     Ok(0) => return Err(Failure::Io(io::ErrorKind::UnexpectedEof.into())),
                     Ok(n) => {

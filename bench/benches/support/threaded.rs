@@ -3,7 +3,9 @@
 //! engine with.
 
 use crossbeam_channel::{Receiver, Sender};
-use tern_engine::{RegionInfo, SegmentDesc, Slice, Transport, TransportContext, TransportError};
+use tern_engine::{
+    RegionInfo, ReportTogether, SegmentDesc, Slice, Transport, TransportContext, TransportError,
+};
 
 /// Completes every slice it is given on its worker thread (which ends when it is dropped).
 pub struct ThreadedTransport {
@@ -18,6 +20,8 @@ impl ThreadedTransport {
             crossbeam_channel::unbounded();
         std::thread::spawn(move || {
             while let Ok(slices) = from_submitters.recv() {
+                // All of them end now, as a real transport learns of many ends in one poll.
+                let _together = ReportTogether::begin();
                 for slice in slices {
                     slice.complete();
                 }
