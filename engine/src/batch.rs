@@ -67,6 +67,9 @@ pub(crate) struct BatchInner {
     unfinished: AtomicUsize,
     wake_lock: Mutex<()>,
     wake: Condvar,
+    /// Waiters asleep on `wake` (or about to be): the last task wakes them only if there
+    /// are any, so a waiter that spun to the end costs the finisher no system call.
+    sleepers: AtomicUsize,
     freed: AtomicBool,
     /// Nanoseconds after `origin`; 0 = no deadline.
     deadline_ns: AtomicU64,
@@ -100,6 +103,7 @@ impl BatchInner {
             unfinished: AtomicUsize::new(0),
             wake_lock: Mutex::new(()),
             wake: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
             freed: AtomicBool::new(false),
             deadline_ns: AtomicU64::new(0),
             origin: Instant::now(),
@@ -186,8 +190,10 @@ impl BatchInner {
         let idle = self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1;
         // Waiters wait for the whole batch (and wake at its deadline on their own): only the
         // last task wakes them, under the lock they check the count under, so no wake-up is
-        // lost.
-        if idle {
+        // lost. A waiter counts itself in `sleepers` before it checks the count (both
+        // SeqCst): either this load sees it, or its check sees this decrement and it does
+        // not sleep.
+        if idle && self.sleepers.load(Ordering::SeqCst) > 0 {
             let _guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.wake.notify_all();
         }
@@ -400,7 +406,9 @@ impl BatchInner {
                 break;
             }
             let guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
             if self.unfinished.load(Ordering::SeqCst) == 0 {
+                self.sleepers.fetch_sub(1, Ordering::SeqCst);
                 break;
             }
             let wake_at = self.deadline().map_or(until, |d| d.min(until));
@@ -412,6 +420,7 @@ impl BatchInner {
                 .wait_timeout(guard, nap)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+            self.sleepers.fetch_sub(1, Ordering::SeqCst);
             drop(guard);
         }
         self.status()

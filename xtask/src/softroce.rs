@@ -390,6 +390,13 @@ fn qemu(
         "console=ttyS0 quiet loglevel=4 panic=-1 tern.run={}",
         run_dir.display()
     );
+    if !kvm_can_boot_stock_kernels() {
+        // Under emulation the kernel finds no TSC it trusts and falls back to the HPET, where
+        // every clock read is a system call and an emulated device read (~1.4 µs here);
+        // hardware hosts read the TSC in user space. Emulated TSC reads are consistent across
+        // vCPUs (QEMU derives them from one virtual clock), so the guest may use it.
+        append.push_str(" clocksource=tsc tsc=reliable");
+    }
     if !node.is_empty() {
         append.push_str(&format!(" tern.node={node}"));
     }
