@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{EngineError, TransferError};
 use crate::stats::EngineCounters;
+use crate::transport::Transport;
 use crate::types::{BatchState, BatchStatus, Opcode, TaskStatus, TransferStatus};
 
 const WAITING: u8 = 0;
@@ -58,6 +59,35 @@ impl TaskState {
     }
 }
 
+/// The transports a waiting thread may help ([`Transport::offers_help`]).
+#[derive(Clone)]
+pub(crate) struct Helpers(Arc<[Arc<dyn Transport>]>);
+
+impl Helpers {
+    /// Those of `transports` that offer help, if any do.
+    pub(crate) fn of(transports: &[Arc<dyn Transport>]) -> Option<Self> {
+        let helpers: Vec<_> = transports
+            .iter()
+            .filter(|t| t.offers_help())
+            .cloned()
+            .collect();
+        (!helpers.is_empty()).then(|| Self(helpers.into()))
+    }
+
+    /// One piece of work from the first transport that has some.
+    fn help(&self) -> bool {
+        self.0.iter().any(|t| t.help())
+    }
+}
+
+impl std::fmt::Debug for Helpers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|t| t.protocol()))
+            .finish()
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct BatchInner {
     tasks: Box<[TaskState]>,
@@ -79,6 +109,8 @@ pub(crate) struct BatchInner {
     spin: Duration,
     /// Where completed tasks' latencies go (none with metrics off).
     timer: Option<Arc<EngineCounters>>,
+    /// Transports a waiter may help instead of spinning.
+    helpers: Option<Helpers>,
     /// Hooks waiting for the batch to go idle; `has_hooks` lets finishers skip the lock
     /// when there are none (the common case).
     hooks: Mutex<Hooks>,
@@ -88,13 +120,14 @@ pub(crate) struct BatchInner {
 impl BatchInner {
     #[cfg(test)]
     pub(crate) fn new(capacity: usize) -> Self {
-        Self::timed(capacity, Duration::ZERO, None)
+        Self::timed(capacity, Duration::ZERO, None, None)
     }
 
     pub(crate) fn timed(
         capacity: usize,
         spin: Duration,
         timer: Option<Arc<EngineCounters>>,
+        helpers: Option<Helpers>,
     ) -> Self {
         Self {
             tasks: (0..capacity).map(|_| TaskState::default()).collect(),
@@ -109,6 +142,7 @@ impl BatchInner {
             origin: Instant::now(),
             spin,
             timer,
+            helpers,
             hooks: Mutex::new(Hooks::default()),
             has_hooks: AtomicBool::new(false),
         }
@@ -395,7 +429,17 @@ impl BatchInner {
         let started = Instant::now();
         let until = started + timeout;
         let spin_until = started + self.spin.min(timeout);
-        while self.unfinished.load(Ordering::Acquire) > 0 && Instant::now() < spin_until {
+        while self.unfinished.load(Ordering::Acquire) > 0 {
+            let now = Instant::now();
+            // Work a transport lets a waiter do is better than spinning, and is not bounded
+            // by the spin budget (only by the timeout): it moves this batch's bytes or
+            // someone else's.
+            if now < until && self.help() {
+                continue;
+            }
+            if now >= spin_until {
+                break;
+            }
             std::hint::spin_loop();
         }
         loop {
@@ -404,6 +448,9 @@ impl BatchInner {
             let now = Instant::now();
             if now >= until {
                 break;
+            }
+            if self.unfinished.load(Ordering::Acquire) > 0 && self.help() {
+                continue;
             }
             let guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -424,6 +471,11 @@ impl BatchInner {
             drop(guard);
         }
         self.status()
+    }
+
+    /// One piece of a transport's work done on this thread, if a transport offered some.
+    fn help(&self) -> bool {
+        self.helpers.as_ref().is_some_and(Helpers::help)
     }
 
     pub(crate) fn mark_freed(&self) -> Result<(), EngineError> {

@@ -11,6 +11,7 @@ use tern_metadata::net::{self, PortChoice};
 use tern_metadata::rpc::{RpcClientConfig, RpcServer, RpcServerConfig, RpcType};
 use tern_metadata::{RpcMeta, SegmentDesc, StoreOptions, open_store};
 
+use crate::batch::Helpers;
 use crate::engine::{EngineInner, TransferEngine};
 use crate::error::EngineError;
 use crate::rpc::handle_rpc;
@@ -245,6 +246,7 @@ impl TransferEngineBuilder {
             rpc_meta,
             registry: Arc::new(MemoryRegistry::new()),
             counters: Arc::new(EngineCounters::new(self.transports.len(), self.metrics)),
+            helpers: Helpers::of(&self.transports),
             transports: self.transports,
             store,
             local: RwLock::new(Arc::new(PeerSegment {

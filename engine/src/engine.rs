@@ -13,6 +13,7 @@ use tern_memreg::{MemoryRegistry, PretouchPolicy};
 use tern_metadata::rpc::{RpcClientConfig, RpcServer};
 use tern_metadata::{MetadataStore, RpcMeta, SegmentDesc};
 
+use crate::batch::Helpers;
 use crate::builder::TransferEngineBuilder;
 use crate::error::EngineError;
 use crate::segments::SegmentTable;
@@ -28,6 +29,8 @@ pub(crate) struct EngineInner {
     pub(crate) rpc_meta: RpcMeta,
     pub(crate) registry: Arc<MemoryRegistry>,
     pub(crate) transports: Vec<Arc<dyn Transport>>,
+    /// The transports that take a waiter's help ([`Transport::offers_help`]), if any.
+    pub(crate) helpers: Option<Helpers>,
     /// What each transport (same index) moved, counted as its slices complete.
     pub(crate) counters: Arc<EngineCounters>,
     pub(crate) store: Box<dyn MetadataStore>,

@@ -29,6 +29,7 @@ impl TransferEngine {
                     .counters
                     .timing()
                     .then(|| self.inner.counters.clone()),
+                self.inner.helpers.clone(),
             )),
         })
     }

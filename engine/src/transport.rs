@@ -162,8 +162,8 @@ pub trait Transport: Send + Sync + 'static {
         peer.speaks(self.protocol())
     }
 
-    /// Starts listeners and workers. Called once, before any other method but `protocol`
-    /// and `priority`.
+    /// Starts listeners and workers. Called once, before any other method but `protocol`,
+    /// `priority` and `offers_help`.
     fn start(&self, context: TransportContext) -> Result<(), TransportError>;
 
     /// A region was registered: make it reachable (e.g. register it on every NIC).
@@ -222,6 +222,20 @@ pub trait Transport: Send + Sync + 'static {
     /// transport cannot carry goes back with [`Slice::decline`], and the engine offers it to
     /// the next transport that reaches the peer.
     fn submit(&self, slices: Vec<Slice>);
+
+    /// Whether a thread waiting for a batch may lend this transport a hand
+    /// ([`help`](Transport::help)): for transports whose work is CPU work anyone can do
+    /// (copies in shared memory), so that the waiter copies instead of spinning.
+    fn offers_help(&self) -> bool {
+        false
+    }
+
+    /// Does one piece of this transport's queued work on the calling thread, a waiter with
+    /// nothing else to do; true if there was some. Takes only work queued now (never waits
+    /// for more), and runs it as the transport's own threads would.
+    fn help(&self) -> bool {
+        false
+    }
 
     /// What only the transport knows of its work: retries and its peers' state. The engine
     /// counts bytes, slices and failures itself. Called off the data path, when a user asks.

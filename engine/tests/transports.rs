@@ -235,3 +235,119 @@ fn extensions_are_namespaced_buffer_keys_are_guarded_and_allocation_is_offered()
     assert!(json["tern"].is_object());
     assert_eq!(json["buffers"][0]["addr"], buffer.addr() as u64);
 }
+
+/// Queues the slices it is given and has no thread of its own: only a waiter that helps
+/// (if it offers help) completes them, one per call.
+struct Queued {
+    offers: bool,
+    queue: std::sync::Mutex<Vec<Slice>>,
+    helped_by: Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
+}
+
+impl Transport for Queued {
+    fn protocol(&self) -> &'static str {
+        "queued"
+    }
+    fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn describe(&self, _desc: &mut SegmentDesc, _regions: &[RegionInfo]) {}
+    fn max_slice_size(&self) -> usize {
+        4096
+    }
+    fn submit(&self, slices: Vec<Slice>) {
+        self.queue.lock().unwrap().extend(slices);
+    }
+    fn offers_help(&self) -> bool {
+        self.offers
+    }
+    fn help(&self) -> bool {
+        let Some(slice) = self.queue.lock().unwrap().pop() else {
+            return false;
+        };
+        self.helped_by
+            .lock()
+            .unwrap()
+            .push(std::thread::current().id());
+        slice.complete();
+        true
+    }
+    fn shutdown(&self) {
+        for slice in self.queue.lock().unwrap().drain(..) {
+            slice.fail(TransferError::Dropped("stopped".into()));
+        }
+    }
+}
+
+fn queued_engine(
+    offers: bool,
+) -> (
+    TransferEngine,
+    Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
+) {
+    let helped_by = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let engine = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(Queued {
+            offers,
+            queue: std::sync::Mutex::new(Vec::new()),
+            helped_by: helped_by.clone(),
+        })
+        .build()
+        .unwrap();
+    (engine, helped_by)
+}
+
+#[test]
+fn a_waiter_does_the_work_a_transport_offers_it_instead_of_spinning() {
+    let (engine, helped_by) = queued_engine(true);
+    let buffer = engine.allocate(64 << 10, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(1).unwrap();
+    // 32 KiB in 4 KiB slices: eight pieces of work, and no thread but the waiter to do them.
+    engine
+        .submit(
+            &batch,
+            &[TransferRequest::write(
+                buffer.addr(),
+                SegmentId::LOCAL,
+                (buffer.addr() + (32 << 10)) as u64,
+                32 << 10,
+            )],
+        )
+        .unwrap();
+    let status = batch.wait(Duration::from_secs(5));
+    assert_eq!(status.completed, 1, "{status:?}");
+    let helped_by = helped_by.lock().unwrap();
+    assert_eq!(helped_by.len(), 8, "one call per queued slice");
+    assert!(
+        helped_by
+            .iter()
+            .all(|&id| id == std::thread::current().id()),
+        "the waiting thread did the work"
+    );
+}
+
+#[test]
+fn a_transport_that_offers_no_help_gets_none() {
+    let (engine, helped_by) = queued_engine(false);
+    let buffer = engine.allocate(64 << 10, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(1).unwrap();
+    engine
+        .submit(
+            &batch,
+            &[TransferRequest::write(
+                buffer.addr(),
+                SegmentId::LOCAL,
+                (buffer.addr() + (32 << 10)) as u64,
+                4096,
+            )],
+        )
+        .unwrap();
+    let status = batch.wait(Duration::from_millis(300));
+    assert_eq!(
+        status.completed, 0,
+        "nothing ran the queued slice: {status:?}"
+    );
+    assert!(helped_by.lock().unwrap().is_empty());
+    batch.cancel();
+}

@@ -99,8 +99,9 @@ pub struct ShmConfig {
     pub memfd_buffers: bool,
     /// What this process allows peers' cross-memory attach.
     pub ptrace: PtracePolicy,
-    /// Threads that copy (default: one per core, 1 to 4; `TERN_SHM_WORKERS`). A submit's
-    /// slices are spread over them; they sleep when there is nothing to copy.
+    /// Threads that copy (default: one fewer than the cores, 1 to 4; `TERN_SHM_WORKERS`). A
+    /// submit's slices are spread over them and the thread that waits for the batch, which
+    /// copies a part itself instead of spinning; they sleep when there is nothing to copy.
     pub workers: usize,
     /// Largest slice.
     pub slice_size: usize,
@@ -122,7 +123,8 @@ impl Default for ShmConfig {
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|&n| (1..=64).contains(&n))
-            .unwrap_or(cores.clamp(1, 4));
+            // The waiting thread is one more pair of hands.
+            .unwrap_or((cores - 1).clamp(1, 4));
         Self {
             memfd_buffers: true,
             ptrace: PtracePolicy::Keep,
@@ -187,6 +189,9 @@ struct Running {
     links: Arc<Links>,
     extension: serde_json::Value,
     queue: Sender<Vec<Slice>>,
+    /// The copy threads' end of `queue`, for a waiter that helps.
+    jobs: Receiver<Vec<Slice>>,
+    registry: Arc<tern_memreg::MemoryRegistry>,
     stop: Arc<AtomicBool>,
     server: std::sync::Mutex<Option<Server>>,
     workers: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -289,6 +294,8 @@ impl ShmTransport {
             links,
             extension,
             queue,
+            jobs,
+            registry: context.registry.clone(),
             stop,
             server: std::sync::Mutex::new(Some(server)),
             workers: std::sync::Mutex::new(workers),
@@ -314,32 +321,37 @@ fn work(
             fail_all(slices);
             return;
         }
-        let mut rest = slices.into_iter().peekable();
-        while let Some(first) = rest.next() {
-            // The slices of one peer, in order: a submit usually has one.
-            let peer = first.peer().clone();
-            let mut group = vec![first];
-            while let Some(next) = rest.next_if(|s| Arc::ptr_eq(s.peer(), &peer)) {
-                group.push(next);
-            }
-            if peer.id == SegmentId::LOCAL {
-                local(group, registry);
-                continue;
-            }
-            match links.reach(&peer) {
-                Reach::Up(link) => link.carry(group),
-                Reach::Decline(why) => {
-                    for slice in group {
-                        slice.decline(&why);
-                    }
+        run(slices, links, registry);
+    }
+}
+
+/// Moves the slices of one job (a submit, or part of one), on a copy thread or a waiter.
+fn run(slices: Vec<Slice>, links: &Links, registry: &tern_memreg::MemoryRegistry) {
+    let mut rest = slices.into_iter().peekable();
+    while let Some(first) = rest.next() {
+        // The slices of one peer, in order: a submit usually has one.
+        let peer = first.peer().clone();
+        let mut group = vec![first];
+        while let Some(next) = rest.next_if(|s| Arc::ptr_eq(s.peer(), &peer)) {
+            group.push(next);
+        }
+        if peer.id == SegmentId::LOCAL {
+            local(group, registry);
+            continue;
+        }
+        match links.reach(&peer) {
+            Reach::Up(link) => link.carry(group),
+            Reach::Decline(why) => {
+                for slice in group {
+                    slice.decline(&why);
                 }
-                Reach::Gone(why) => {
-                    for slice in group {
-                        slice.fail(TransferError::Connection {
-                            peer: peer.name.clone(),
-                            message: why.clone(),
-                        });
-                    }
+            }
+            Reach::Gone(why) => {
+                for slice in group {
+                    slice.fail(TransferError::Connection {
+                        peer: peer.name.clone(),
+                        message: why.clone(),
+                    });
                 }
             }
         }
@@ -432,13 +444,10 @@ impl Transport for ShmTransport {
             }
             return;
         };
-        let workers = self.config.workers.max(1);
-        // Spread a large submit over the copy threads, in contiguous parts.
-        let parts = if slices.len() >= 2 * workers {
-            workers
-        } else {
-            1
-        };
+        // Spread a large submit over the copy threads and the thread that will wait for it
+        // (it helps: `help`), in contiguous parts.
+        let hands = self.config.workers.max(1) + 1;
+        let parts = if slices.len() >= 2 * hands { hands } else { 1 };
         let per = slices.len().div_ceil(parts);
         let mut slices = slices;
         while slices.len() > per {
@@ -450,6 +459,28 @@ impl Transport for ShmTransport {
         }
         if let Err(back) = running.queue.send(slices) {
             fail_all(back.0);
+        }
+    }
+
+    fn offers_help(&self) -> bool {
+        true
+    }
+
+    /// A waiter copies one queued job itself: with as many copy threads as cores, a waiter
+    /// spinning would take a core from them.
+    fn help(&self) -> bool {
+        let Some(running) = self.running.get() else {
+            return false;
+        };
+        if running.stop.load(Ordering::Acquire) {
+            return false;
+        }
+        match running.jobs.try_recv() {
+            Ok(slices) => {
+                run(slices, &running.links, &running.registry);
+                true
+            }
+            Err(_) => false,
         }
     }
 
