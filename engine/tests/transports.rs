@@ -298,23 +298,30 @@ fn queued_engine(
     (engine, helped_by)
 }
 
+/// A batch with one write of `len` bytes from the start of `buffer` to its second half.
+fn write_within(
+    engine: &TransferEngine,
+    buffer: &tern_engine::OwnedBuffer,
+    len: usize,
+) -> tern_engine::Batch {
+    let batch = engine.allocate_batch(1).unwrap();
+    let half = buffer.len() / 2;
+    let request = TransferRequest::write(
+        buffer.addr(),
+        SegmentId::LOCAL,
+        (buffer.addr() + half) as u64,
+        len,
+    );
+    engine.submit(&batch, &[request]).unwrap();
+    batch
+}
+
 #[test]
 fn a_waiter_does_the_work_a_transport_offers_it_instead_of_spinning() {
     let (engine, helped_by) = queued_engine(true);
     let buffer = engine.allocate(64 << 10, "cpu:0").unwrap();
-    let batch = engine.allocate_batch(1).unwrap();
     // 32 KiB in 4 KiB slices: eight pieces of work, and no thread but the waiter to do them.
-    engine
-        .submit(
-            &batch,
-            &[TransferRequest::write(
-                buffer.addr(),
-                SegmentId::LOCAL,
-                (buffer.addr() + (32 << 10)) as u64,
-                32 << 10,
-            )],
-        )
-        .unwrap();
+    let batch = write_within(&engine, &buffer, 32 << 10);
     let status = batch.wait(Duration::from_secs(5));
     assert_eq!(status.completed, 1, "{status:?}");
     let helped_by = helped_by.lock().unwrap();
@@ -331,18 +338,7 @@ fn a_waiter_does_the_work_a_transport_offers_it_instead_of_spinning() {
 fn a_transport_that_offers_no_help_gets_none() {
     let (engine, helped_by) = queued_engine(false);
     let buffer = engine.allocate(64 << 10, "cpu:0").unwrap();
-    let batch = engine.allocate_batch(1).unwrap();
-    engine
-        .submit(
-            &batch,
-            &[TransferRequest::write(
-                buffer.addr(),
-                SegmentId::LOCAL,
-                (buffer.addr() + (32 << 10)) as u64,
-                4096,
-            )],
-        )
-        .unwrap();
+    let batch = write_within(&engine, &buffer, 4096);
     let status = batch.wait(Duration::from_millis(300));
     assert_eq!(
         status.completed, 0,

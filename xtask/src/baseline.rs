@@ -197,12 +197,12 @@ pub fn stream(streams: usize, buffer: usize, block: usize, seconds: f64) -> Resu
     })
 }
 
-/// Writes all of `bytes` to a non-blocking stream, spinning while it is full; false if it
-/// failed.
-fn spin_write_all(stream: &mut TcpStream, bytes: &[u8]) -> bool {
+/// Moves `len` bytes over a non-blocking stream with `step` (a write or read from the offset
+/// given), spinning while the stream would block; false if it ended or failed.
+fn spin_all(len: usize, mut step: impl FnMut(usize) -> std::io::Result<usize>) -> bool {
     let mut at = 0;
-    while at < bytes.len() {
-        match stream.write(&bytes[at..]) {
+    while at < len {
+        match step(at) {
             Ok(0) => return false,
             Ok(n) => at += n,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
@@ -213,20 +213,12 @@ fn spin_write_all(stream: &mut TcpStream, bytes: &[u8]) -> bool {
     true
 }
 
-/// Fills `buf` from a non-blocking stream, spinning while nothing has arrived; false if the
-/// stream ended or failed.
+fn spin_write_all(stream: &mut TcpStream, bytes: &[u8]) -> bool {
+    spin_all(bytes.len(), |at| stream.write(&bytes[at..]))
+}
+
 fn spin_read_exact(stream: &mut TcpStream, buf: &mut [u8]) -> bool {
-    let mut at = 0;
-    while at < buf.len() {
-        match stream.read(&mut buf[at..]) {
-            Ok(0) => return false,
-            Ok(n) => at += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return false,
-        }
-    }
-    true
+    spin_all(buf.len(), |at| stream.read(&mut buf[at..]))
 }
 
 /// Round trips of one block on one connection to a peer process for `seconds`: a read
