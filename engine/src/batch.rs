@@ -22,7 +22,7 @@ impl std::fmt::Debug for Hooks {
 use std::time::{Duration, Instant};
 
 use crate::error::{EngineError, TransferError};
-use crate::stats::EngineCounters;
+use crate::stats::{EngineCounters, clock_ns, completion_ns, epoch};
 use crate::transport::Transport;
 use crate::types::{BatchState, BatchStatus, Opcode, TaskStatus, TransferStatus};
 
@@ -46,7 +46,7 @@ struct TaskState {
     /// per slice counts both.
     progress: AtomicU64,
     error: OnceLock<TransferError>,
-    /// For the latency histograms: when the task started (ns after the batch's origin), its
+    /// For the latency histograms: when the task started (`stats::clock_ns`), its
     /// operation (0 read, 1 write) and length.
     started_ns: AtomicU64,
     write: AtomicBool,
@@ -101,9 +101,8 @@ pub(crate) struct BatchInner {
     /// are any, so a waiter that spun to the end costs the finisher no system call.
     sleepers: AtomicUsize,
     freed: AtomicBool,
-    /// Nanoseconds after `origin`; 0 = no deadline.
+    /// Nanoseconds after `stats::epoch`; 0 = no deadline.
     deadline_ns: AtomicU64,
-    origin: Instant,
     /// How long `wait` polls before it sleeps: a transfer that ends within it is seen at
     /// once, without a condvar round trip.
     spin: Duration,
@@ -139,7 +138,6 @@ impl BatchInner {
             sleepers: AtomicUsize::new(0),
             freed: AtomicBool::new(false),
             deadline_ns: AtomicU64::new(0),
-            origin: Instant::now(),
             spin,
             timer,
             helpers,
@@ -180,11 +178,7 @@ impl BatchInner {
     /// The time tasks submitted now start at, for [`start_task`](Self::start_task): read
     /// once per submit, not per task, and only when tasks are timed.
     pub(crate) fn start_clock(&self) -> u64 {
-        if self.timer.is_some() {
-            crate::stats::clock_ns()
-        } else {
-            0
-        }
+        if self.timer.is_some() { clock_ns() } else { 0 }
     }
 
     pub(crate) fn start_task(
@@ -303,8 +297,7 @@ impl BatchInner {
         if let Some(timer) = &self.timer {
             let took = self.task_live(task).then(|| {
                 let t = &self.tasks[task];
-                let took = crate::stats::completion_ns()
-                    .saturating_sub(t.started_ns.load(Ordering::Relaxed));
+                let took = completion_ns().saturating_sub(t.started_ns.load(Ordering::Relaxed));
                 let opcode = if t.write.load(Ordering::Relaxed) {
                     Opcode::Write
                 } else {
@@ -326,18 +319,18 @@ impl BatchInner {
 
     fn past_deadline(&self) -> bool {
         let deadline = self.deadline_ns.load(Ordering::Relaxed);
-        deadline != 0 && self.origin.elapsed().as_nanos() as u64 >= deadline
+        deadline != 0 && clock_ns() >= deadline
     }
 
     pub(crate) fn set_deadline(&self, at: Option<Instant>) {
         let ns = at.map_or(0, |at| {
-            (at.saturating_duration_since(self.origin).as_nanos() as u64).max(1)
+            (at.saturating_duration_since(epoch()).as_nanos() as u64).max(1)
         });
         self.deadline_ns.store(ns, Ordering::Relaxed);
     }
 
     pub(crate) fn set_deadline_if_unset(&self, at: Instant) {
-        let ns = (at.saturating_duration_since(self.origin).as_nanos() as u64).max(1);
+        let ns = (at.saturating_duration_since(epoch()).as_nanos() as u64).max(1);
         let _ = self
             .deadline_ns
             .compare_exchange(0, ns, Ordering::Relaxed, Ordering::Relaxed);
@@ -346,7 +339,7 @@ impl BatchInner {
     fn deadline(&self) -> Option<Instant> {
         match self.deadline_ns.load(Ordering::Relaxed) {
             0 => None,
-            ns => Some(self.origin + Duration::from_nanos(ns)),
+            ns => Some(epoch() + Duration::from_nanos(ns)),
         }
     }
 

@@ -150,10 +150,15 @@ impl Drop for ReportTogether {
     }
 }
 
-/// Nanoseconds since a fixed instant of this process: what tasks are timed in.
-pub(crate) fn clock_ns() -> u64 {
+/// The fixed instant of this process that tasks are timed and batches' deadlines kept from.
+pub(crate) fn epoch() -> Instant {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Nanoseconds since [`epoch`].
+pub(crate) fn clock_ns() -> u64 {
+    epoch().elapsed().as_nanos() as u64
 }
 
 /// When a task this thread ends now ended, by [`clock_ns`] (see [`ReportTogether`]).

@@ -167,6 +167,11 @@ pub(crate) struct LinkReport {
 }
 
 impl Links {
+    /// This engine's registry.
+    pub(crate) fn registry(&self) -> &tern_memreg::MemoryRegistry {
+        &self.context.registry
+    }
+
     pub(crate) fn new(
         context: TransportContext,
         connect_timeout: Duration,

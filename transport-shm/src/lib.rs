@@ -191,7 +191,6 @@ struct Running {
     queue: Sender<Vec<Slice>>,
     /// The copy threads' end of `queue`, for a waiter that helps.
     jobs: Receiver<Vec<Slice>>,
-    registry: Arc<tern_memreg::MemoryRegistry>,
     stop: Arc<AtomicBool>,
     server: std::sync::Mutex<Option<Server>>,
     workers: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
@@ -281,11 +280,11 @@ impl ShmTransport {
         let stop = Arc::new(AtomicBool::new(false));
         let mut workers = Vec::new();
         for _ in 0..self.config.workers.max(1) {
-            let (jobs, links, registry) = (jobs.clone(), links.clone(), context.registry.clone());
+            let (jobs, links) = (jobs.clone(), links.clone());
             let stop = stop.clone();
             let worker = std::thread::Builder::new()
                 .name("tern-shm-copy".into())
-                .spawn(move || work(&jobs, &links, &registry, &stop))
+                .spawn(move || work(&jobs, &links, &stop))
                 .map_err(ShmError::Thread)?;
             workers.push(worker);
         }
@@ -295,7 +294,6 @@ impl ShmTransport {
             extension,
             queue,
             jobs,
-            registry: context.registry.clone(),
             stop,
             server: std::sync::Mutex::new(Some(server)),
             workers: std::sync::Mutex::new(workers),
@@ -310,23 +308,18 @@ impl Default for ShmTransport {
 }
 
 /// A copy thread: takes the slices of one submit (or part of it) and moves them.
-fn work(
-    jobs: &Receiver<Vec<Slice>>,
-    links: &Links,
-    registry: &tern_memreg::MemoryRegistry,
-    stop: &AtomicBool,
-) {
+fn work(jobs: &Receiver<Vec<Slice>>, links: &Links, stop: &AtomicBool) {
     while let Ok(slices) = jobs.recv() {
         if stop.load(Ordering::Acquire) {
             fail_all(slices);
             return;
         }
-        run(slices, links, registry);
+        run(slices, links);
     }
 }
 
 /// Moves the slices of one job (a submit, or part of one), on a copy thread or a waiter.
-fn run(slices: Vec<Slice>, links: &Links, registry: &tern_memreg::MemoryRegistry) {
+fn run(slices: Vec<Slice>, links: &Links) {
     let mut rest = slices.into_iter().peekable();
     while let Some(first) = rest.next() {
         // The slices of one peer, in order: a submit usually has one.
@@ -336,7 +329,7 @@ fn run(slices: Vec<Slice>, links: &Links, registry: &tern_memreg::MemoryRegistry
             group.push(next);
         }
         if peer.id == SegmentId::LOCAL {
-            local(group, registry);
+            local(group, links.registry());
             continue;
         }
         match links.reach(&peer) {
@@ -477,7 +470,7 @@ impl Transport for ShmTransport {
         }
         match running.jobs.try_recv() {
             Ok(slices) => {
-                run(slices, &running.links, &running.registry);
+                run(slices, &running.links);
                 true
             }
             Err(_) => false,
