@@ -2,44 +2,16 @@
 //! slices until the test releases them stands in for the wire (the wire itself is proven by
 //! each transport's conformance run). Registration, batches and segments are the real ones.
 
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tern_engine::{
-    BatchState, EngineError, RegionInfo, RegisterRaw, SegmentDesc, SegmentId, Slice,
-    TransferEngine, TransferError, TransferRequest, TransferStatus, Transport, TransportContext,
-    TransportError,
+    BatchState, EngineError, RegisterRaw, SegmentId, TransferEngine, TransferError,
+    TransferRequest, TransferStatus,
 };
 
-#[derive(Clone, Default)]
-struct HoldingTransport {
-    held: Arc<Mutex<Vec<Slice>>>,
-}
-
-impl HoldingTransport {
-    fn take(&self) -> Vec<Slice> {
-        std::mem::take(&mut *self.held.lock().unwrap())
-    }
-}
-
-impl Transport for HoldingTransport {
-    fn protocol(&self) -> &'static str {
-        "hold"
-    }
-    fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn describe(&self, _desc: &mut SegmentDesc, _regions: &[RegionInfo]) {}
-    fn max_slice_size(&self) -> usize {
-        4096
-    }
-    fn submit(&self, slices: Vec<Slice>) {
-        self.held.lock().unwrap().extend(slices);
-    }
-    fn shutdown(&self) {
-        self.held.lock().unwrap().clear();
-    }
-}
+#[path = "support/holding.rs"]
+mod holding;
+use holding::HoldingTransport;
 
 fn engine() -> (TransferEngine, HoldingTransport) {
     let transport = HoldingTransport::default();

@@ -9,6 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+#[path = "support/holding.rs"]
+mod holding;
+use holding::HoldingTransport;
 use tern_engine::{
     AlignedBuffer, RegionInfo, SegmentDesc, SegmentId, Slice, TransferEngine, TransferError,
     TransferRequest, TransferStatus, Transport, TransportContext, TransportError,
@@ -91,6 +94,18 @@ impl Transport for Stub {
     fn shutdown(&self) {}
 }
 
+/// An engine on loopback with these transports.
+fn engine_with<T: Transport>(transports: impl IntoIterator<Item = T>) -> TransferEngine {
+    transports
+        .into_iter()
+        .fold(
+            TransferEngine::builder().local_server_name("127.0.0.1"),
+            |builder, transport| builder.transport(transport),
+        )
+        .build()
+        .unwrap()
+}
+
 #[test]
 fn a_declined_slice_moves_to_the_next_transport_and_its_task_completes() {
     let mut near = Stub::new("near", 20);
@@ -102,12 +117,7 @@ fn a_declined_slice_moves_to_the_next_transport_and_its_task_completes() {
     );
     near.decline_from = 0;
     far.decline_from = usize::MAX;
-    let engine = TransferEngine::builder()
-        .local_server_name("127.0.0.1")
-        .transport(far)
-        .transport(near)
-        .build()
-        .unwrap();
+    let engine = engine_with([far, near]);
     let buffer = engine.allocate(64 << 10, "cpu:0").unwrap();
     let batch = engine.allocate_batch(2).unwrap();
     engine
@@ -157,12 +167,7 @@ fn a_declined_slice_larger_than_the_next_transport_takes_is_cut_again() {
     let near_declined = near.declined.clone();
     let far = Stub::new("far", 10);
     let far_done = far.completed.clone();
-    let engine = TransferEngine::builder()
-        .local_server_name("127.0.0.1")
-        .transport(far)
-        .transport(near)
-        .build()
-        .unwrap();
+    let engine = engine_with([far, near]);
     let buffer = engine.allocate(64 << 10, "cpu:0").unwrap();
     let batch = engine.allocate_batch(1).unwrap();
     let request = TransferRequest::write(
@@ -185,11 +190,7 @@ fn a_declined_slice_larger_than_the_next_transport_takes_is_cut_again() {
 fn a_slice_every_transport_declines_fails_its_task_with_the_last_reason() {
     let mut only = Stub::new("only", 5);
     only.decline_from = 0;
-    let engine = TransferEngine::builder()
-        .local_server_name("127.0.0.1")
-        .transport(only)
-        .build()
-        .unwrap();
+    let engine = engine_with([only]);
     let buffer = engine.allocate(16 << 10, "cpu:0").unwrap();
     let outcome = engine.transfer_sync(TransferRequest::write(
         buffer.addr(),
@@ -210,12 +211,7 @@ fn extensions_are_namespaced_buffer_keys_are_guarded_and_allocation_is_offered()
     let mut memory = Stub::new("memory", 30);
     memory.offers_memory = true;
     let allocations = memory.allocations.clone();
-    let engine = TransferEngine::builder()
-        .local_server_name("127.0.0.1")
-        .transport(Stub::new("other", 1))
-        .transport(memory)
-        .build()
-        .unwrap();
+    let engine = engine_with([Stub::new("other", 1), memory]);
     let buffer = engine.allocate(8192, "cpu:0").unwrap();
     assert_eq!(
         allocations.load(Ordering::Relaxed),
@@ -236,65 +232,18 @@ fn extensions_are_namespaced_buffer_keys_are_guarded_and_allocation_is_offered()
     assert_eq!(json["buffers"][0]["addr"], buffer.addr() as u64);
 }
 
-/// Queues the slices it is given and has no thread of its own: only a waiter that helps
-/// (if it offers help) completes them, one per call.
-struct Queued {
-    offers: bool,
-    queue: std::sync::Mutex<Vec<Slice>>,
-    helped_by: Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
-}
-
-impl Transport for Queued {
-    fn protocol(&self) -> &'static str {
-        "queued"
-    }
-    fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn describe(&self, _desc: &mut SegmentDesc, _regions: &[RegionInfo]) {}
-    fn max_slice_size(&self) -> usize {
-        4096
-    }
-    fn submit(&self, slices: Vec<Slice>) {
-        self.queue.lock().unwrap().extend(slices);
-    }
-    fn offers_help(&self) -> bool {
-        self.offers
-    }
-    fn help(&self) -> bool {
-        let Some(slice) = self.queue.lock().unwrap().pop() else {
-            return false;
-        };
-        self.helped_by
-            .lock()
-            .unwrap()
-            .push(std::thread::current().id());
-        slice.complete();
-        true
-    }
-    fn shutdown(&self) {
-        for slice in self.queue.lock().unwrap().drain(..) {
-            slice.fail(TransferError::Dropped("stopped".into()));
-        }
-    }
-}
-
 fn queued_engine(
-    offers: bool,
+    offers_help: bool,
 ) -> (
     TransferEngine,
     Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
 ) {
-    let helped_by = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let engine = TransferEngine::builder()
-        .local_server_name("127.0.0.1")
-        .transport(Queued {
-            offers,
-            queue: std::sync::Mutex::new(Vec::new()),
-            helped_by: helped_by.clone(),
-        })
-        .build()
-        .unwrap();
+    let transport = HoldingTransport {
+        offers_help,
+        ..HoldingTransport::default()
+    };
+    let helped_by = transport.helped_by.clone();
+    let engine = engine_with([transport]);
     (engine, helped_by)
 }
 
