@@ -380,7 +380,8 @@ fn qemu(
     memory: &str,
     cpus: &str,
 ) -> Command {
-    let accel: &[&str] = if kvm_can_boot_stock_kernels() {
+    let emulated = !kvm_can_boot_stock_kernels();
+    let accel: &[&str] = if !emulated {
         &["-accel", "kvm", "-cpu", "host"]
     } else {
         &["-accel", "tcg,thread=multi", "-cpu", "max"]
@@ -390,7 +391,7 @@ fn qemu(
         "console=ttyS0 quiet loglevel=4 panic=-1 tern.run={}",
         run_dir.display()
     );
-    if !kvm_can_boot_stock_kernels() {
+    if emulated {
         // Under emulation the kernel finds no TSC it trusts and falls back to the HPET, where
         // every clock read is a system call and an emulated device read (~1.4 µs here);
         // hardware hosts read the TSC in user space. Emulated TSC reads are consistent across
