@@ -206,7 +206,6 @@ fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Slice>) {
         last_used = Instant::now();
         if !healthy {
             connection = None;
-            lock(&shared.open)[lane] = None;
         }
     }
 }
@@ -372,14 +371,18 @@ impl Window {
                 Ok(false) => {
                     let left = io_timeout.saturating_sub(last_progress.elapsed());
                     if left.is_zero() {
-                        return self.broken(shared, "no progress within the I/O timeout".into());
+                        return self.broken(
+                            shared,
+                            lane,
+                            "no progress within the I/O timeout".into(),
+                        );
                     }
                     let want_write = self.sending.is_some()
                         || !self.queued.is_empty()
                         || self.read_headers_sent < self.read_headers.len();
                     let want_read = !self.awaiting.is_empty();
                     if let Err(e) = wait_ready(stream.as_fd(), want_read, want_write, Some(left)) {
-                        return self.broken(shared, e.to_string());
+                        return self.broken(shared, lane, e.to_string());
                     }
                 }
                 Err(Failure::Protocol(message)) => {
@@ -390,16 +393,22 @@ impl Window {
                             message,
                         });
                     }
-                    return self.broken(shared, "protocol error".into());
+                    return self.broken(shared, lane, "protocol error".into());
                 }
-                Err(Failure::Io(e)) => return self.broken(shared, format!("{e} (mid-transfer)")),
+                Err(Failure::Io(e)) => {
+                    return self.broken(shared, lane, format!("{e} (mid-transfer)"));
+                }
             }
         }
         true
     }
 
-    /// Fails everything in the window after the connection broke.
-    fn broken(&mut self, shared: &PoolShared, message: String) -> bool {
+    /// Fails everything in the window after the connection broke. The lane's connection
+    /// leaves the stats first, so whoever sees a failed slice also sees the peer's loss.
+    fn broken(&mut self, shared: &PoolShared, lane: usize, message: String) -> bool {
+        if let Some(open) = lock(&shared.open).get_mut(lane) {
+            *open = None;
+        }
         *lock(&shared.last_error) = Some(message.clone());
         self.fail_all(|| TransferError::Connection {
             peer: shared.endpoint.clone(),
