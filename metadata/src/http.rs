@@ -152,22 +152,47 @@ impl HttpKv {
         }
     }
 
-    /// One request; returns the status code and body.
+    /// One request; returns the status code and body. Every request here is idempotent
+    /// (GET, PUT of a whole value, DELETE), so one the server dropped before answering — a
+    /// server at its connection limit closes new connections, one restarting resets them —
+    /// is sent again on a fresh connection, at most [`RESENDS`] times, waiting twice as long each.
     fn request(
         &self,
         method: &str,
         key: &str,
         body: Option<&str>,
     ) -> Result<(u16, Vec<u8>), MetadataError> {
+        let mut resends = 0;
+        loop {
+            match self.request_once(method, key, body) {
+                Ok(reply) => return Ok(reply),
+                Err(Attempt::Dropped(e)) if resends < RESENDS => {
+                    tracing::debug!("{method} {key:?}: {e}; sending again");
+                    std::thread::sleep(RESEND_PAUSE * (1 << resends));
+                    resends += 1;
+                }
+                Err(Attempt::Dropped(e) | Attempt::Failed(e)) => return Err(e),
+            }
+        }
+    }
+
+    fn request_once(
+        &self,
+        method: &str,
+        key: &str,
+        body: Option<&str>,
+    ) -> Result<(u16, Vec<u8>), Attempt> {
         let authority = format!("{}:{}", self.host, self.port);
         let dialing = Dial {
             endpoint: &authority,
             connect_timeout: self.connect_timeout,
             auth: None,
         };
-        let mut stream = dial(&dialing, self.timeout).map_err(|e| match e {
-            crate::net::DialError::Connect(e) => self.store_error(format!("unreachable: {e}")),
-            e => self.store_error(e),
+        let mut stream = dial(&dialing, self.timeout).map_err(|e| {
+            Attempt::Failed(match e {
+                crate::net::DialError::Connect(e) => self.store_error(format!("unreachable: {e}")),
+                e => self.store_error(e),
+            })
         })?;
         let body = body.unwrap_or("");
         let token = match (&self.secret, method) {
@@ -184,12 +209,30 @@ impl HttpKv {
             escape(key),
             body.len()
         );
-        stream
-            .write_all(request.as_bytes())
-            .map_err(|e| self.store_error(e))?;
+        let dropped = |e: io::Error| Attempt::Dropped(self.store_error(e));
+        stream.write_all(request.as_bytes()).map_err(dropped)?;
         let mut reader = BufReader::new(stream);
-        parse_response(&mut reader).map_err(|e| self.store_error(e))
+        // Not one byte of an answer: the server dropped the request.
+        match reader.fill_buf() {
+            Ok([]) => return Err(dropped(io::ErrorKind::UnexpectedEof.into())),
+            Ok(_) => {}
+            Err(e) => return Err(dropped(e)),
+        }
+        parse_response(&mut reader).map_err(|e| Attempt::Failed(self.store_error(e)))
     }
+}
+
+/// How often a request the server dropped unanswered is sent again.
+const RESENDS: u32 = 4;
+/// The pause before the first resend (then doubling: 20, 40, 80, 160 ms).
+const RESEND_PAUSE: Duration = Duration::from_millis(20);
+
+/// Why one attempt at a request failed.
+enum Attempt {
+    /// The connection broke before any byte of an answer: worth sending again.
+    Dropped(MetadataError),
+    /// Anything else (unreachable, a broken answer): final.
+    Failed(MetadataError),
 }
 
 impl KeyValue for HttpKv {

@@ -306,6 +306,25 @@ impl Acceptor {
 /// The sockets of live connections (clones, to cut them at shutdown), by connection id.
 type Live = Arc<Mutex<Vec<(u64, TcpStream)>>>;
 
+/// How long a new connection waits for a slot when every one is taken: a connection that
+/// has sent its last answer holds its slot until its thread ends, a moment after its client
+/// (which may already be opening the next connection) has the answer.
+const FINISHING_GRACE: Duration = Duration::from_millis(50);
+
+/// Whether fewer than `max` connections are live, now or within `grace`.
+fn slot_frees_within(live: &Live, max: usize, grace: Duration) -> bool {
+    let until = Instant::now() + grace;
+    loop {
+        if lock(live).len() < max {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn accept_loop(
     listener: TcpListener,
     conn_name: &str,
@@ -331,7 +350,7 @@ fn accept_loop(
         let peer = stream
             .peer_addr()
             .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-        if lock(&live).len() >= limits.max_connections {
+        if !slot_frees_within(&live, limits.max_connections, FINISHING_GRACE) {
             tracing::warn!(
                 "{conn_name}: {} connections already; closing the one from {peer}",
                 limits.max_connections

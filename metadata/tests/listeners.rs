@@ -1,6 +1,7 @@
 //! Every listener holds up against slow and greedy clients, over real loopback sockets: a
 //! client that trickles a frame one byte at a time is dropped at the frame deadline (not kept
-//! alive by its trickle), one connection beyond the limit is closed at once, and dropping a
+//! alive by its trickle), one connection beyond the limit is closed at once, a store sends
+//! again what a full server dropped (and fails typed if it stays full), and dropping a
 //! server cuts its connections and returns. Also the secured HTTP metadata server: it stores
 //! only sealed values, deletes only with a token, and holds a bounded table.
 
@@ -147,6 +148,32 @@ fn one_connection_beyond_the_limit_is_closed_at_once_and_the_slot_comes_back() {
         );
         drop(held);
     }
+}
+
+#[test]
+fn a_store_sends_again_what_a_full_server_dropped_and_fails_typed_when_it_stays_full() {
+    logs::capture();
+    let http = http_server(None, 16);
+    let desc = SegmentDesc::from_json(GOLDEN_TCP.as_bytes()).unwrap();
+    let client = store(&http, None);
+    // Both slots held for good: the request is dropped every time, and that is an error.
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(http.local_addr()).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    match client.publish_segment("node-a", &desc) {
+        Err(MetadataError::Store { .. }) => {}
+        other => panic!("a server that stays full: {other:?}"),
+    }
+    // A slot frees after the first attempt was dropped (the server waits 50 ms for one),
+    // while the store is sending again: the publish goes through.
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        drop(held);
+    });
+    client.publish_segment("node-a", &desc).unwrap();
+    release.join().unwrap();
+    assert_eq!(client.fetch_segment("node-a").unwrap(), desc);
 }
 
 #[test]
