@@ -1,11 +1,15 @@
 //! The same-host rows of `cargo xtask bench`, all in one run: single-thread `memcpy` (over a
 //! span as large as Tern's buffer, and over one block reused), UCX's shared memory
 //! (`ucx_perftest -t ucp_put_bw` and `-t ucp_get` with `UCX_TLS=posix,cma,self`, from
-//! Debian's `ucx-utils`), and `tern-bench --mode loopback --protocol shm` on both paths
+//! Debian's `ucx-utils`) and UCX's cross-memory-attach transport (`-t put_bw` and `-t get`,
+//! `-x cma`, zero-copy), and `tern-bench --mode loopback --protocol shm` on both paths
 //! (memfd and cross-memory attach), READ and WRITE, at 64 KiB and 1 MiB, over the whole
 //! buffer and over one block reused (as `ucx_perftest` reuses its one block, which stays in
-//! cache). Prints the table and the ratios the goals are stated in; reported, never fatal.
+//! cache). Every contender runs in turn, [`ROUNDS`] times per row, and each figure is the
+//! median of its rounds. Prints the table and the ratios the goals are stated in; reported,
+//! never fatal.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -39,9 +43,46 @@ fn memcpy_rate(block: usize, span: usize, seconds: f64) -> f64 {
     moved as f64 / started.elapsed().as_secs_f64() / 1e9
 }
 
-/// `ucx_perftest` over UCX's shared memory on loopback: a server, then a client; GB/s
-/// (its MB are 2^20 bytes).
-fn ucx_rate(test: &str, block: usize, seconds: f64, port: u16) -> Result<f64, String> {
+/// The UCX run a row of Tern is set beside, doing the same work: UCP over
+/// `UCX_TLS=posix,cma,self`, which maps the memory it allocated into the peer as Tern's memfd
+/// path does; and UCX's own cross-memory-attach transport (UCT `-x cma`, zero-copy), which
+/// moves memory it cannot map as Tern's CMA path does (UCP would pick the mapping instead).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum UcxPath {
+    Mapped,
+    CrossMemoryAttach,
+}
+
+impl UcxPath {
+    fn of(memory: &str) -> Self {
+        if memory == "memfd" {
+            Self::Mapped
+        } else {
+            Self::CrossMemoryAttach
+        }
+    }
+
+    /// The `ucx_perftest` test for a WRITE (put) or a READ (get).
+    fn test(self, op: &str) -> &'static str {
+        match (self, op == "write") {
+            (Self::Mapped, true) => "ucp_put_bw",
+            (Self::Mapped, false) => "ucp_get",
+            (Self::CrossMemoryAttach, true) => "put_bw",
+            (Self::CrossMemoryAttach, false) => "get",
+        }
+    }
+
+    fn options(self) -> &'static [&'static str] {
+        match self {
+            Self::Mapped => &[],
+            Self::CrossMemoryAttach => &["-x", "cma", "-d", "memory", "-D", "zcopy"],
+        }
+    }
+}
+
+/// `ucx_perftest` on loopback: a server, then a client; GB/s (its MB are 2^20 bytes).
+fn ucx_rate(path: UcxPath, op: &str, block: usize, seconds: f64, port: u16) -> Result<f64, String> {
+    let test = path.test(op);
     // About `seconds` of work at ~20 GB/s; ucx_perftest counts iterations, not time.
     let iterations = ((20e9 * seconds) / block as f64).clamp(1000.0, 2e6) as u64;
     let args = |server: bool| {
@@ -61,7 +102,9 @@ fn ucx_rate(test: &str, block: usize, seconds: f64, port: u16) -> Result<f64, St
                 &port.to_string(),
                 "-f",
             ]
-            .map(str::to_owned),
+            .iter()
+            .chain(path.options())
+            .map(|s| (*s).to_owned()),
         );
         args
     };
@@ -136,99 +179,117 @@ fn tern_rate(
     Ok((gbps, stdout))
 }
 
+/// Rounds per row: Tern's READ and WRITE, UCX beside them and `memcpy` take turns, each
+/// for a part of the row's time, and each figure is the median of its rounds — so a burst
+/// of other load on this shared machine lands on one round of every contender, not on one
+/// contender's whole run.
+const ROUNDS: usize = 3;
+
+fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// One row of Tern: its path (`memfd` or `plain`), operation, block and buffer size.
+type Row = (&'static str, &'static str, usize, usize);
+
 /// Runs every row and prints the table.
 pub(crate) fn bench(exe: &Path, duration: f64) {
-    let seconds = duration.max(1.0);
+    let seconds = (duration.max(1.0) / ROUNDS as f64).max(1.0);
     println!(
-        "\nSame host (one initiator thread, batch 128, loopback; memcpy, ucx_perftest and Tern in this run):\n"
+        "\nSame host (one initiator thread, batch 128, loopback; memcpy, ucx_perftest and Tern in this run, each the median of {ROUNDS} rounds taken in turn):\n"
     );
-    let mut memcpy = Vec::new();
-    for block in BLOCKS {
-        memcpy.push((block, SPAN, memcpy_rate(block, SPAN, seconds.min(3.0))));
-        memcpy.push((block, block, memcpy_rate(block, block, seconds.min(3.0))));
-    }
-    let memcpy_of = |block: usize, span: usize| {
-        memcpy
-            .iter()
-            .find(|m| m.0 == block && m.1 == span)
-            .map(|m| m.2)
-            .unwrap_or(f64::NAN)
-    };
-    let mut ucx = Vec::new();
+    let mut memcpy: HashMap<(&str, usize, usize), Vec<f64>> = HashMap::new();
+    let mut ucx: HashMap<Row, Vec<f64>> = HashMap::new();
+    let mut tern: HashMap<Row, Vec<f64>> = HashMap::new();
+    let mut lines = Vec::new();
     let mut port = 13400u16;
-    for block in BLOCKS {
-        for test in ["ucp_put_bw", "ucp_get"] {
-            port += 1;
-            match ucx_rate(test, block, seconds, port) {
-                Ok(gbps) => ucx.push((test, block, gbps)),
-                Err(e) => eprintln!("xtask: {e} (is ucx-utils installed?)"),
-            }
-        }
-    }
-    let ucx_of = |test: &str, block: usize| {
-        ucx.iter()
-            .find(|u| u.0 == test && u.1 == block)
-            .map(|u| u.2)
-    };
-    let mut rows = Vec::new();
     for memory in ["memfd", "plain"] {
         for block in BLOCKS {
             for buffer in [SPAN, block] {
-                for op in ["write", "read"] {
-                    eprintln!(
-                        "xtask: tern-bench shm {memory} {op} {} KiB over {} KiB",
-                        block / 1024,
-                        buffer / 1024
-                    );
-                    match tern_rate(exe, memory, op, block, buffer, seconds) {
-                        Ok((gbps, json)) => rows.push((memory, op, block, buffer, gbps, json)),
-                        Err(e) => eprintln!("xtask: {e}"),
+                eprintln!(
+                    "xtask: shm {memory} {} KiB over {} KiB: {ROUNDS} rounds of memcpy, Tern{}",
+                    block / 1024,
+                    buffer / 1024,
+                    if buffer == block { " and UCX" } else { "" }
+                );
+                for _ in 0..ROUNDS {
+                    memcpy
+                        .entry((memory, block, buffer))
+                        .or_default()
+                        .push(memcpy_rate(block, buffer, seconds.min(2.0)));
+                    for op in ["write", "read"] {
+                        let row = (memory, op, block, buffer);
+                        match tern_rate(exe, memory, op, block, buffer, seconds) {
+                            Ok((gbps, json)) => {
+                                tern.entry(row).or_default().push(gbps);
+                                lines.push(json);
+                            }
+                            Err(e) => eprintln!("xtask: {e}"),
+                        }
+                        if buffer != block {
+                            continue;
+                        }
+                        port += 1;
+                        match ucx_rate(UcxPath::of(memory), op, block, seconds, port) {
+                            Ok(gbps) => ucx.entry(row).or_default().push(gbps),
+                            Err(e) => eprintln!("xtask: {e} (is ucx-utils installed?)"),
+                        }
                     }
                 }
             }
         }
     }
+    let memcpy_of = |memory: &str, block: usize, buffer: usize| {
+        memcpy
+            .get(&(memory, block, buffer))
+            .map_or(f64::NAN, |v| median(v))
+    };
     let tern_of = |memory: &str, op: &str, block: usize, buffer: usize| {
-        rows.iter()
-            .find(|r| r.0 == memory && r.1 == op && r.2 == block && r.3 == buffer)
-            .map(|r| r.4)
+        tern.iter()
+            .find(|(r, _)| r.0 == memory && r.1 == op && r.2 == block && r.3 == buffer)
+            .map(|(_, v)| median(v))
+    };
+    let ucx_of = |memory: &str, op: &str, block: usize| {
+        ucx.iter()
+            .find(|(r, _)| r.0 == memory && r.1 == op && r.2 == block)
+            .map(|(_, v)| median(v))
     };
     println!(
         "| path | op | block | over | Tern GB/s | memcpy GB/s | ratio | UCX GB/s | Tern / UCX |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    for (memory, op, block, buffer, gbps, _) in &rows {
-        let base = memcpy_of(*block, *buffer);
-        let whole = *buffer == SPAN;
-        let (ucx_text, vs_ucx) = match (
-            whole,
-            ucx_of(
-                if *op == "write" {
-                    "ucp_put_bw"
-                } else {
-                    "ucp_get"
-                },
-                *block,
-            ),
-        ) {
-            (false, Some(theirs)) => (format!("{theirs:.2}"), format!("{:.2}", gbps / theirs)),
-            _ => (String::new(), String::new()),
-        };
-        println!(
-            "| {} | {op} | {} KiB | {} | {gbps:.2} | {base:.2} | {:.2} | {ucx_text} | {vs_ucx} |",
-            if *memory == "memfd" {
-                "memfd"
-            } else {
-                "cross-memory attach"
-            },
-            block / 1024,
-            if whole {
-                "256 MiB buffer".to_owned()
-            } else {
-                "one block".to_owned()
-            },
-            gbps / base,
-        );
+    for memory in ["memfd", "plain"] {
+        for block in BLOCKS {
+            for buffer in [SPAN, block] {
+                for op in ["write", "read"] {
+                    let Some(gbps) = tern_of(memory, op, block, buffer) else {
+                        continue;
+                    };
+                    let base = memcpy_of(memory, block, buffer);
+                    let whole = buffer == SPAN;
+                    let (ucx_text, vs_ucx) = match (whole, ucx_of(memory, op, block)) {
+                        (false, Some(theirs)) => (
+                            format!("{theirs:.2} ({})", UcxPath::of(memory).test(op)),
+                            format!("{:.2}", gbps / theirs),
+                        ),
+                        _ => (String::new(), String::new()),
+                    };
+                    println!(
+                        "| {} | {op} | {} KiB | {} | {gbps:.2} | {base:.2} | {:.2} | {ucx_text} | {vs_ucx} |",
+                        if memory == "memfd" {
+                            "memfd"
+                        } else {
+                            "cross-memory attach"
+                        },
+                        block / 1024,
+                        if whole { "256 MiB buffer" } else { "one block" },
+                        gbps / base,
+                    );
+                }
+            }
+        }
     }
     println!("\nGoals (same run):");
     for (memory, goal) in [("memfd", 0.8), ("plain", 0.6)] {
@@ -237,7 +298,7 @@ pub(crate) fn bench(exe: &Path, duration: f64) {
             .chain(tern_of(memory, "read", 1 << 20, SPAN))
             .reduce(f64::min)
         {
-            let ratio = ours / memcpy_of(1 << 20, SPAN);
+            let ratio = ours / memcpy_of(memory, 1 << 20, SPAN);
             println!(
                 "- {memory}, 1 MiB over the whole buffer: slower of READ/WRITE {ours:.2} GB/s = {ratio:.2} x memcpy (goal >= {goal}: {})",
                 if ratio >= goal { "met" } else { "MISSED" }
@@ -265,17 +326,16 @@ pub(crate) fn bench(exe: &Path, duration: f64) {
             }
         }
     }
-    for block in BLOCKS {
-        for (op, test) in [("write", "ucp_put_bw"), ("read", "ucp_get")] {
-            let best = ["memfd", "plain"]
-                .iter()
-                .filter_map(|m| tern_of(m, op, block, block).map(|g| (*m, g)))
-                .collect::<Vec<_>>();
-            if let Some(theirs) = ucx_of(test, block) {
-                for (memory, ours) in best {
+    for memory in ["memfd", "plain"] {
+        for block in BLOCKS {
+            for op in ["write", "read"] {
+                if let (Some(ours), Some(theirs)) =
+                    (tern_of(memory, op, block, block), ucx_of(memory, op, block))
+                {
                     println!(
-                        "- {memory} {op} {} KiB, one block reused: Tern {ours:.2} vs UCX {test} {theirs:.2} GB/s ({})",
+                        "- {memory} {op} {} KiB, one block reused: Tern {ours:.2} vs UCX {} {theirs:.2} GB/s ({})",
                         block / 1024,
+                        UcxPath::of(memory).test(op),
                         if ours >= theirs { "met" } else { "MISSED" }
                     );
                 }
@@ -283,7 +343,6 @@ pub(crate) fn bench(exe: &Path, duration: f64) {
         }
     }
     let report = crate::root().join("target/tern-bench-shm.jsonl");
-    let lines: Vec<String> = rows.iter().map(|r| r.5.clone()).collect();
     let _ = std::fs::write(&report, lines.join("\n") + "\n");
     println!("\nraw results: {}", report.display());
     idle(exe);
