@@ -836,10 +836,7 @@ impl Link {
     /// Slices to another engine of this process.
     fn in_process(&self, registry: &tern_memreg::MemoryRegistry, slices: Vec<Slice>) {
         for slice in slices {
-            let len = slice.len as u64;
-            if copy_in_registry(registry, slice) {
-                self.count(len);
-            }
+            copy_in_registry(registry, slice, |moved| self.completed(moved));
         }
     }
 
@@ -857,8 +854,13 @@ impl Link {
 
 /// Moves one slice between its local region and a remote range of `registry` (an engine of
 /// this process, or this engine): the range is pinned there first, the same check the owner
-/// makes for a lease, then the bytes are copied between the two regions. True if it moved.
-pub(crate) fn copy_in_registry(registry: &tern_memreg::MemoryRegistry, slice: Slice) -> bool {
+/// makes for a lease, then the bytes are copied between the two regions, and the slice goes
+/// to `moved` (which completes it).
+pub(crate) fn copy_in_registry(
+    registry: &tern_memreg::MemoryRegistry,
+    slice: Slice,
+    moved: impl FnOnce(Slice),
+) {
     let peer = slice.peer().name.clone();
     let remote = usize::try_from(slice.remote_addr)
         .ok()
@@ -870,9 +872,9 @@ pub(crate) fn copy_in_registry(registry: &tern_memreg::MemoryRegistry, slice: Sl
             len: slice.len,
         };
         slice.fail(error);
-        return false;
+        return;
     };
-    let moved = pin.slice(addr, slice.len).and_then(|remote| {
+    let copied = pin.slice(addr, slice.len).and_then(|remote| {
         let local = slice.local().slice(slice.local_addr, slice.len)?;
         match slice.opcode() {
             Opcode::Write => remote.copy_from_region(local),
@@ -881,18 +883,12 @@ pub(crate) fn copy_in_registry(registry: &tern_memreg::MemoryRegistry, slice: Sl
         Ok(())
     });
     drop(pin);
-    match moved {
-        Ok(()) => {
-            slice.complete();
-            true
-        }
-        Err(e) => {
-            slice.fail(TransferError::Protocol {
-                peer,
-                message: e.to_string(),
-            });
-            false
-        }
+    match copied {
+        Ok(()) => moved(slice),
+        Err(e) => slice.fail(TransferError::Protocol {
+            peer,
+            message: e.to_string(),
+        }),
     }
 }
 

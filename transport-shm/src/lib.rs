@@ -358,7 +358,7 @@ fn local(slices: Vec<Slice>, registry: &tern_memreg::MemoryRegistry) {
             slice.abandon();
             continue;
         }
-        client::copy_in_registry(registry, slice);
+        client::copy_in_registry(registry, slice, Slice::complete);
     }
 }
 

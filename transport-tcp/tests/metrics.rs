@@ -153,9 +153,17 @@ fn stats_and_prometheus_text_count_what_moved_per_transport_peer_and_size_class(
     assert!(value(format!("{name}_sum{{{labels}}}")).unwrap() > 0.0);
     assert!(text.contains(&format!("# TYPE {name} histogram")), "{text}");
 
-    // The target saw every request as served: the reads' and the writes' bytes apart.
-    let served = target.stats().transports[0].served;
+    // The target saw every request as served: the reads' and the writes' bytes apart. Its
+    // connection threads count a request once they have answered it, so the last counts may
+    // land a moment after the initiator saw the answer.
     let read_bytes = (10 * 4 * KIB + 2 * 2 * MIB) as u64;
+    let all_served = |s: &tern_engine::ServedStats| s.reads + s.writes + s.rejected >= tcp.slices;
+    let waited = std::time::Instant::now();
+    let mut served = target.stats().transports[0].served;
+    while !all_served(&served) && waited.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+        served = target.stats().transports[0].served;
+    }
     assert_eq!(served.read_bytes, read_bytes, "{served:?}");
     assert_eq!(served.write_bytes, (5 * 64 * KIB) as u64, "{served:?}");
     assert_eq!(served.reads + served.writes, tcp.slices, "{served:?}");
