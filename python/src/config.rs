@@ -96,6 +96,9 @@ pub(crate) fn mooncake_transfer_timeout(lookup: Lookup<'_>) -> Duration {
 pub(crate) enum TransportChoice {
     /// TCP.
     Tcp,
+    /// Shared memory for peers on this host (memfd mappings for engine-allocated memory,
+    /// cross-memory attach for the rest), before the transports after it.
+    Shm,
     /// RDMA over these devices (empty: `MC_TE_FILTERS`, else every device with an active
     /// port); no fallback.
     Rdma(Vec<String>),
@@ -104,7 +107,9 @@ pub(crate) enum TransportChoice {
 }
 
 /// Mooncake's protocol rule: `"rdma"` means RDMA where a device opens and TCP elsewhere
-/// (`MC_FORCE_TCP` skips RDMA, `MC_FORCE_HCA` refuses the fallback), `"tcp"` means TCP.
+/// (`MC_FORCE_TCP` skips RDMA, `MC_FORCE_HCA` refuses the fallback), `"tcp"` means TCP. Tern
+/// adds `"shm"`: shared memory for peers on this host, TCP for the rest (the caller installs
+/// TCP after it).
 /// `rdma_built` says whether this build has the RDMA transport at all.
 pub(crate) fn mooncake_transport(
     protocol: &str,
@@ -115,6 +120,7 @@ pub(crate) fn mooncake_transport(
     let devices = parse_devices(devices);
     match protocol.trim() {
         "tcp" => Ok((TransportChoice::Tcp, None)),
+        "shm" => Ok((TransportChoice::Shm, None)),
         "rdma" if !rdma_built => Ok((
             TransportChoice::Tcp,
             Some("this tern wheel was built without RDMA (--tcp-only): using TCP".into()),
@@ -126,7 +132,7 @@ pub(crate) fn mooncake_transport(
         )),
         "rdma" => Ok((TransportChoice::RdmaOrTcp(devices), None)),
         other => Err(format!(
-            "protocol {other:?} is not supported by Tern; use \"rdma\" (falls back to TCP) or \"tcp\""
+            "protocol {other:?} is not supported by Tern; use \"rdma\" (falls back to TCP), \"tcp\" or \"shm\" (same-host peers over shared memory, the rest over TCP)"
         )),
     }
 }
@@ -249,6 +255,10 @@ mod tests {
         assert_eq!(
             mooncake_transport("tcp", "mlx5_0", true, &none).unwrap().0,
             TransportChoice::Tcp
+        );
+        assert_eq!(
+            mooncake_transport("shm", "", true, &none).unwrap().0,
+            TransportChoice::Shm
         );
         let forced_tcp = env(&[(FORCE_TCP_ENV, "1")]);
         let (choice, why) = mooncake_transport("rdma", "", true, &forced_tcp).unwrap();

@@ -108,6 +108,10 @@ impl Core {
                     builder = builder.transport(TcpTransport::default());
                     protocols.push("tcp");
                 }
+                TransportChoice::Shm => {
+                    builder = builder.transport(tern_transport_shm::ShmTransport::default());
+                    protocols.push("shm");
+                }
                 TransportChoice::Rdma(devices) => {
                     builder = builder.transport(
                         rdma_transport(devices).map_err(|e| format!("RDMA transport: {e}"))?,

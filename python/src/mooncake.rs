@@ -17,7 +17,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tern_engine::{Batch, BatchState, Opcode, SegmentId, TransferRequest, TransferStatus};
 
-use crate::config::{self, process_env};
+use crate::config::{self, TransportChoice, process_env};
 use crate::core::{Core, EngineOptions, Failure, first_failure, unregister_settled};
 use crate::errors::log_failure;
 use crate::raw::LocalMemory;
@@ -298,7 +298,11 @@ impl MooncakeEngine {
         let options = EngineOptions {
             local_server_name: Some(local_hostname),
             metadata,
-            transports: vec![transport],
+            // Shared memory reaches only peers on this host: TCP carries the rest.
+            transports: match transport {
+                TransportChoice::Shm => vec![TransportChoice::Shm, TransportChoice::Tcp],
+                other => vec![other],
+            },
             cluster_secret: None,
             transfer_timeout: Some(self.timeout),
             rpc_ports: Some(rpc_ports),

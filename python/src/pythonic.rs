@@ -78,6 +78,7 @@ impl Engine {
         for protocol in &protocols {
             transports.push(match protocol.as_str() {
                 "tcp" => TransportChoice::Tcp,
+                "shm" => TransportChoice::Shm,
                 "auto" => TransportChoice::RdmaOrTcp(devices.clone()),
                 "rdma" if cfg!(feature = "rdma") => TransportChoice::Rdma(devices.clone()),
                 "rdma" => {
@@ -89,7 +90,9 @@ impl Engine {
                 other => {
                     return Err(invalid(
                         py,
-                        format!("protocol {other:?} is not one of \"tcp\", \"rdma\""),
+                        format!(
+                            "protocol {other:?} is not one of \"tcp\", \"rdma\", \"auto\", \"shm\""
+                        ),
                     ));
                 }
             });

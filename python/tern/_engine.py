@@ -263,7 +263,9 @@ class TransferEngine:
     ``local_server_name``: the name peers open this node by (P2P mode: its address; the
     segment becomes ``ip:rpc_port``). ``metadata``: ``"P2PHANDSHAKE"`` (default),
     ``"etcd://host:port"``, ``"http://host:port/metadata"``. ``protocols``: ``["tcp"]``,
-    ``["rdma"]``, both, or ``None`` for RDMA where a device opens and TCP elsewhere.
+    ``["rdma"]``, both, or ``None`` for RDMA where a device opens and TCP elsewhere; put
+    ``"shm"`` first (``["shm", "tcp"]``) and peers on this host are reached through shared
+    memory, the rest by the transports after it.
     ``devices``: RDMA devices (empty: every device with an active port). ``cluster_secret``:
     peers must prove they know it. ``transfer_timeout``: seconds a batch may take (default
     ``MC_TRANSFER_TIMEOUT``, else 30). Use it as a context manager, or call ``close()``.

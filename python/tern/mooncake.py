@@ -5,7 +5,9 @@ TransferEngine``: the same methods, positional arguments, defaults and return co
 same metadata, naming and port rules (``P2PHANDSHAKE`` names the segment ``host:<rpc port>``
 with the port from ``MC_MIN_RPC_PORT``..``MC_MAX_RPC_PORT``; protocol ``"rdma"`` runs over TCP
 where no RDMA device opens; ``MC_FORCE_TCP``, ``MC_FORCE_HCA`` and ``MC_TRANSFER_TIMEOUT`` are
-honoured). Where Mooncake crashes on bad input (a call before ``initialize``, an unknown
+honoured). One protocol more than Mooncake: ``"shm"`` moves bytes to peers on this host
+through shared memory (mappings of ``allocate_managed_buffer`` memory, cross-memory attach
+for the rest) and to every other peer over TCP. Where Mooncake crashes on bad input (a call before ``initialize``, an unknown
 batch id, lists of different lengths, ``None`` for a string, an address outside registered
 memory), this returns the method's failure code and logs one line with the reason on the
 ``tern`` logger. Calls that register, move bytes or wait release the GIL, and waits sleep.

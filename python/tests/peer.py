@@ -1,4 +1,5 @@
-"""A second Tern node for the tests: starts an engine, registers a numpy array, prints one
+"""A second Tern node for the tests: starts an engine, registers a numpy array (or, with
+``--managed``, takes one from ``allocate_managed_buffer``), prints one
 JSON line ``{"session", "addr", "nbytes"}``, then serves commands read from stdin, one per
 line, answering each with one JSON line, until stdin closes:
 
@@ -11,6 +12,7 @@ line, answering each with one JSON line, until stdin closes:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import json
 import sys
@@ -26,6 +28,9 @@ def main() -> None:
     parser.add_argument("--protocol", default="tcp")
     parser.add_argument("--device", default="")
     parser.add_argument("--nbytes", type=int, default=1 << 20)
+    parser.add_argument(
+        "--managed", action="store_true", help="the array is allocate_managed_buffer memory (mooncake API)"
+    )
     args = parser.parse_args()
     array = np.zeros(args.nbytes, dtype=np.uint8)
     if args.api == "mooncake":
@@ -34,7 +39,12 @@ def main() -> None:
         engine = TransferEngine()
         if engine.initialize(args.name, args.metadata, args.protocol, args.device) != 0:
             sys.exit("initialize failed")
-        if engine.register_memory(array.ctypes.data, array.nbytes) != 0:
+        if args.managed:
+            addr = engine.allocate_managed_buffer(args.nbytes)
+            if addr == 0:
+                sys.exit("allocate_managed_buffer failed")
+            array = np.ctypeslib.as_array((ctypes.c_uint8 * args.nbytes).from_address(addr))
+        elif engine.register_memory(array.ctypes.data, array.nbytes) != 0:
             sys.exit("register_memory failed")
         # As SGLang and vLLM build it: the IP they passed, and the RPC port.
         session = f"{args.name}:{engine.get_rpc_port()}" if args.metadata == "P2PHANDSHAKE" else args.name
