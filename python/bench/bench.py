@@ -2,7 +2,8 @@
 ``tern-bench --mode=target`` process on loopback, with tern-bench's parameters, one thread.
 
 ``--case latency``: ``transfer_sync_read`` of 4 KiB, batch 1, timed per call;
-``--case throughput``: ``batch_transfer_sync_write`` of 128 x 64 KiB;
+``--case throughput``: ``batch_transfer_sync_write`` of 128 x 64 KiB (``--protocol shm``: to a
+target on this host through shared memory, both sides on the engine's own memory);
 ``--case idle``: the process's CPU while its engine idles, then while a thread is blocked in
 ``batch_transfer_sync_write`` to a stopped target until the deadline.
 Prints one JSON line.
@@ -32,11 +33,18 @@ def main() -> None:
     parser.add_argument("--case", choices=["latency", "throughput", "idle"], required=True)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--tern-bench", required=True)
+    parser.add_argument("--protocol", choices=["tcp", "shm"], default="tcp")
     args = parser.parse_args()
     if args.case == "idle":
         os.environ["MC_TRANSFER_TIMEOUT"] = "5"
     target = subprocess.Popen(
-        [args.tern_bench, "--mode=target", "--local_server_name=127.0.0.1", f"--buffer_size={BUFFER}"],
+        [
+            args.tern_bench,
+            "--mode=target",
+            "--local_server_name=127.0.0.1",
+            f"--buffer_size={BUFFER}",
+            f"--protocol={args.protocol}",
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -45,13 +53,13 @@ def main() -> None:
     try:
         segment = target.stdout.readline().split(": ", 1)[1].strip()
         engine = TransferEngine()
-        assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", args.protocol, "") == 0
         # The engine's own memory, as tern-bench's initiator uses (huge pages where the kernel
         # gives them, touched up front): what differs between the two is then the binding.
         base = engine.allocate_managed_buffer(BUFFER)
         assert base != 0
         remote = engine.get_first_buffer_address(segment)
-        result: dict = {"case": args.case}
+        result: dict = {"case": args.case, "protocol": args.protocol}
         if args.case == "latency":
             block, blocks = 4096, BUFFER // 4096
             latencies = []
