@@ -36,6 +36,30 @@ def sha(array: np.ndarray) -> str:
     return hashlib.sha256(array.tobytes()).hexdigest()
 
 
+def drop_in_both_ways(engine, peer, seed: int) -> None:
+    """With the drop-in ``engine``: writes ``seed``'s bytes over the whole of the peer's array
+    and checks them there, then reads back what the peer fills in with ``seed + 1``."""
+    local = pattern(seed, peer.nbytes)
+    assert engine.register_memory(local.ctypes.data, local.nbytes) == 0
+    assert engine.transfer_sync_write(peer.session, local.ctypes.data, peer.addr, local.nbytes) == 0
+    assert peer.ask("sha")["sha"] == sha(local)
+    peer.ask(f"fill {seed + 1}")
+    assert engine.transfer_sync_read(peer.session, local.ctypes.data, peer.addr, local.nbytes) == 0
+    assert np.array_equal(local, pattern(seed + 1, peer.nbytes))
+    assert engine.unregister_memory(local.ctypes.data) == 0
+
+
+def pythonic_both_ways(engine, peer, seed: int) -> None:
+    """The same with a ``tern.TransferEngine``."""
+    local = pattern(seed, peer.nbytes)
+    engine.register(local)
+    engine.write(local, peer.session, peer.addr)
+    assert peer.ask("sha")["sha"] == sha(local)
+    peer.ask(f"fill {seed + 1}")
+    engine.read(local, peer.session, peer.addr)
+    assert np.array_equal(local, pattern(seed + 1, peer.nbytes))
+
+
 def stop_process(proc: subprocess.Popen, stop) -> None:
     """Asks a process to stop with ``stop(proc)``, and kills it if it has not in 20 s."""
     if proc.poll() is None:

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 import tern
-from conftest import pattern, sha
+from conftest import drop_in_both_ways, pattern, sha
 from tern.mooncake import TransferEngine
 
 LOOPBACK = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
@@ -22,13 +21,7 @@ def loopback(monkeypatch):
 
 
 def move_both_ways(engine: TransferEngine, peer) -> None:
-    local = np.random.default_rng(4).integers(0, 256, peer.nbytes, dtype=np.uint8)
-    assert engine.register_memory(local.ctypes.data, local.nbytes) == 0
-    assert engine.transfer_sync_write(peer.session, local.ctypes.data, peer.addr, local.nbytes) == 0
-    assert peer.ask("sha")["sha"] == sha(local)
-    peer.ask("fill 6")
-    assert engine.transfer_sync_read(peer.session, local.ctypes.data, peer.addr, local.nbytes) == 0
-    assert np.array_equal(local, pattern(6, peer.nbytes))
+    drop_in_both_ways(engine, peer, 4)
     assert engine.get_first_buffer_address(peer.session) == peer.addr
 
 

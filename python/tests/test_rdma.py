@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 import tern
-from conftest import pattern, sha
+from conftest import pythonic_both_ways
 
 DEVICE = os.environ.get("TERN_RXE")
 ADDRESS = os.environ.get("TERN_RXE_ADDR", "10.77.0.1")
@@ -23,13 +22,7 @@ def test_numpy_array_both_ways_over_rdma(peer_factory):
     assert peer.protocols == ["rdma"]
     with tern.TransferEngine(local_server_name=ADDRESS, protocols=["rdma"], devices=[DEVICE]) as engine:
         assert engine.protocols == ["rdma"]
-        local = np.random.default_rng(13).integers(0, 256, peer.nbytes, dtype=np.uint8)
-        engine.register(local)
-        engine.write(local, peer.session, peer.addr)
-        assert peer.ask("sha")["sha"] == sha(local)
-        peer.ask("fill 14")
-        engine.read(local, peer.session, peer.addr)
-        assert np.array_equal(local, pattern(14, peer.nbytes))
+        pythonic_both_ways(engine, peer, 13)
         rdma = engine.stats()["transports"][0]
         assert rdma["protocol"] == "rdma" and rdma["bytes"] >= 2 * peer.nbytes
     assert peer.ask("stats")["stats"]["transports"][0]["protocol"] == "rdma"

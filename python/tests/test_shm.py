@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 import tern
-from conftest import LOCAL, pattern, sha
+from conftest import LOCAL, drop_in_both_ways, pythonic_both_ways
 
 
 def bytes_by_protocol(stats: dict) -> dict[str, int]:
@@ -38,32 +37,19 @@ def test_the_drop_in_moves_same_host_bytes_over_shared_memory(peer_factory, mana
     engine = TransferEngine()
     assert engine.initialize(LOCAL, "P2PHANDSHAKE", "shm", "") == 0
     assert engine.get_protocols()[0] == "shm"
-    local = np.random.default_rng(17).integers(0, 256, peer.nbytes, dtype=np.uint8)
-    assert engine.register_memory(local.ctypes.data, local.nbytes) == 0
-    assert engine.transfer_sync_write(peer.session, local.ctypes.data, peer.addr, peer.nbytes) == 0
-    assert peer.ask("sha")["sha"] == sha(local)
-    peer.ask("fill 23")
-    assert engine.transfer_sync_read(peer.session, local.ctypes.data, peer.addr, peer.nbytes) == 0
-    assert np.array_equal(local, pattern(23, peer.nbytes))
+    drop_in_both_ways(engine, peer, 17)
     moved = bytes_by_protocol(json.loads(engine.get_stats_json()))
     if managed or attach_allowed():
         assert moved.get("shm", 0) >= 2 * peer.nbytes and moved.get("tcp", 0) == 0, moved
     else:
         # The kernel refuses cross-memory attach: shm hands the slices to TCP.
         assert moved.get("tcp", 0) >= 2 * peer.nbytes, moved
-    assert engine.unregister_memory(local.ctypes.data) == 0
 
 
 def test_the_pythonic_api_puts_shared_memory_first(peer_factory):
     peer = peer_factory("--protocol", "shm", "--managed")
     with tern.TransferEngine(local_server_name=LOCAL, protocols=["shm", "tcp"]) as engine:
         assert engine.protocols == ["shm", "tcp"]
-        local = np.random.default_rng(29).integers(0, 256, peer.nbytes, dtype=np.uint8)
-        engine.register(local)
-        engine.write(local, peer.session, peer.addr)
-        assert peer.ask("sha")["sha"] == sha(local)
-        peer.ask("fill 31")
-        engine.read(local, peer.session, peer.addr)
-        assert np.array_equal(local, pattern(31, peer.nbytes))
+        pythonic_both_ways(engine, peer, 29)
         moved = bytes_by_protocol(engine.stats())
         assert moved.get("shm", 0) >= 2 * peer.nbytes and moved.get("tcp", 0) == 0, moved
