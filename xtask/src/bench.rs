@@ -19,7 +19,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::{
-    Group, baseline, cargo, deps, json_number, root, run, shm, softroce, start_etcd, wheel,
+    Group, ROUNDS, baseline, cargo, deps, json_number, median, median_by, root, run, shm, softroce,
+    start_etcd, wheel,
 };
 
 /// Block sizes of the profile.
@@ -103,10 +104,6 @@ fn row(json: &str) -> (f64, f64, f64, f64, f64) {
     )
 }
 
-/// Rounds of the TCP throughput rows: Tern and its baseline take turns, so a burst of other
-/// load on a shared machine lands on one round of each, and each row shows the median round.
-const ROUNDS: usize = 3;
-
 /// The TCP profile; returns the raw JSON lines.
 fn tcp_profile(exe: &Path, duration: f64) -> Result<Vec<String>, String> {
     let lanes = tcp_lanes();
@@ -144,10 +141,11 @@ fn tcp_profile(exe: &Path, duration: f64) -> Result<Vec<String>, String> {
                 let json = tern(exe, &tcp_args(op, block, 128, round), &lanes_env)?;
                 terns.push((row(&json), json));
             }
-            streams.sort_by(|a, b| a.gbps.total_cmp(&b.gbps));
-            terns.sort_by(|a, b| a.0.3.total_cmp(&b.0.3));
-            let stream = &streams[ROUNDS / 2];
-            let ((rate, p50, p99, gbps, cpu), json) = terns.swap_remove(ROUNDS / 2);
+            let (Some(stream), Some(((rate, p50, p99, gbps, cpu), json))) =
+                (median_by(streams, |s| s.gbps), median_by(terns, |t| t.0.3))
+            else {
+                return Err("no throughput rounds".into());
+            };
             let goal = match block {
                 b if b >= 1 << 20 => Some(1.0),
                 b if b >= 64 << 10 => Some(0.9),
@@ -330,16 +328,16 @@ fn rdma_in_guest(exe: &Path, duration: f64) {
     }
     // The median run where there are rounds: by p50 at batch 1, by throughput otherwise.
     let tern_of = |op: &str, size: usize, batch: usize, qps: usize| {
-        let mut runs: Vec<(f64, &String)> = terns
+        let runs: Vec<&String> = terns
             .iter()
             .filter(|(k, _)| k.0 == op && k.1 == size && k.2 == batch && k.3 == qps)
-            .map(|(_, j)| {
-                let (_, p50, _, gbps, _) = row(j);
-                (if batch == 1 { p50 } else { gbps }, j)
-            })
+            .map(|(_, j)| j)
             .collect();
-        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        runs.get(runs.len() / 2).map(|(_, j)| (*j).clone())
+        median_by(runs, |j| {
+            let (_, p50, _, gbps, _) = row(j);
+            if batch == 1 { p50 } else { gbps }
+        })
+        .cloned()
     };
     let perf_of = |tool: &str, size: usize, qps: usize| {
         perfs
@@ -353,13 +351,9 @@ fn rdma_in_guest(exe: &Path, duration: f64) {
             .filter(|(k, _)| k.0 == tool && k.1 == size)
             .map(|(_, v)| *v)
             .collect();
-        let middle = |values: Vec<f64>| {
-            let mut values = values;
-            values.sort_by(f64::total_cmp);
-            values.get(values.len() / 2).copied()
-        };
-        middle(rounds.iter().map(|r| r.0).collect())
-            .zip(middle(rounds.iter().map(|r| r.1).collect()))
+        let typical: Vec<f64> = rounds.iter().map(|r| r.0).collect();
+        let p99: Vec<f64> = rounds.iter().map(|r| r.1).collect();
+        (!rounds.is_empty()).then(|| (median(&typical), median(&p99)))
     };
     println!(
         "| op | block | batch | msgs/s | p50 us | p99 us | MB/s | CPU us/GB | baseline | ratio |"

@@ -458,10 +458,41 @@ fn softroce_command(args: &[String]) -> Result<(), String> {
     }
 }
 
+/// Rounds a benchmark and its baseline take turns for, each figure the median of its rounds:
+/// a burst of other load on a shared machine then lands on one round of every contender, not
+/// on one contender's whole run.
+pub(crate) const ROUNDS: usize = 3;
+
+/// The item whose `key` is the median of all (the upper middle of an even count).
+pub(crate) fn median_by<T>(mut items: Vec<T>, key: impl Fn(&T) -> f64) -> Option<T> {
+    items.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    let middle = items.len() / 2;
+    (middle < items.len()).then(|| items.swap_remove(middle))
+}
+
+/// The median of `values`; NaN when there are none.
+pub(crate) fn median(values: &[f64]) -> f64 {
+    median_by(values.to_vec(), |v| *v).unwrap_or(f64::NAN)
+}
+
 /// A number field of a one-line JSON object (what tern-bench and tern-soak print).
 pub(crate) fn json_number(json: &str, key: &str) -> Option<f64> {
     let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
     let rest = &json[at..];
     let end = rest.find([',', '}']).unwrap_or(rest.len());
     rest[..end].trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{median, median_by};
+
+    #[test]
+    fn the_median_is_the_middle_round_whatever_the_order() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 3.0);
+        assert!(median(&[]).is_nan());
+        let runs = vec![("slow", 1.0), ("fast", 9.0), ("typical", 5.0)];
+        assert_eq!(median_by(runs, |r| r.1).map(|r| r.0), Some("typical"));
+    }
 }

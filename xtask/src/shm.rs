@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::json_number;
+use crate::{ROUNDS, json_number, median};
 
 /// Tern's buffer (each side) over the whole-buffer rows, and the span `memcpy` sweeps.
 const SPAN: usize = 256 << 20;
@@ -179,18 +179,6 @@ fn tern_rate(
     Ok((gbps, stdout))
 }
 
-/// Rounds per row: Tern's READ and WRITE, UCX beside them and `memcpy` take turns, each
-/// for a part of the row's time, and each figure is the median of its rounds — so a burst
-/// of other load on this shared machine lands on one round of every contender, not on one
-/// contender's whole run.
-const ROUNDS: usize = 3;
-
-fn median(samples: &[f64]) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// One row of Tern: its path (`memfd` or `plain`), operation, block and buffer size.
 type Row = (&'static str, &'static str, usize, usize);
 
@@ -246,15 +234,12 @@ pub(crate) fn bench(exe: &Path, duration: f64) {
             .get(&(memory, block, buffer))
             .map_or(f64::NAN, |v| median(v))
     };
-    let tern_of = |memory: &str, op: &str, block: usize, buffer: usize| {
-        tern.iter()
-            .find(|(r, _)| r.0 == memory && r.1 == op && r.2 == block && r.3 == buffer)
-            .map(|(_, v)| median(v))
+    let tern_of = |memory: &'static str, op: &'static str, block: usize, buffer: usize| {
+        tern.get(&(memory, op, block, buffer)).map(|v| median(v))
     };
-    let ucx_of = |memory: &str, op: &str, block: usize| {
-        ucx.iter()
-            .find(|(r, _)| r.0 == memory && r.1 == op && r.2 == block)
-            .map(|(_, v)| median(v))
+    // UCX runs only over one block.
+    let ucx_of = |memory: &'static str, op: &'static str, block: usize| {
+        ucx.get(&(memory, op, block, block)).map(|v| median(v))
     };
     println!(
         "| path | op | block | over | Tern GB/s | memcpy GB/s | ratio | UCX GB/s | Tern / UCX |"

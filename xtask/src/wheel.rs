@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{cargo, root, run};
+use crate::{ROUNDS, cargo, median, root, run};
 
 const MATURIN: &str = "maturin==1.16.0";
 const TEST_PACKAGES: [&str; 2] = ["pytest==9.2.0", "numpy==2.4.6"];
@@ -207,9 +207,6 @@ pub fn bench(exe: &Path, duration: f64) {
     }
 }
 
-/// Rounds of each pair (tern-bench, then Python) in the Python benchmark.
-const LATENCY_ROUNDS: usize = 3;
-
 fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
     let wheel = build(Variant::Default)?;
     let python = test_venv(Variant::Default, &wheel)?;
@@ -259,7 +256,7 @@ fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
     // pair three times over, as its difference is small beside how much one run moves.
     let mut latency_rounds = Vec::new();
     let mut raw = Vec::new();
-    for _ in 0..LATENCY_ROUNDS {
+    for _ in 0..ROUNDS {
         let rust_latency = rust("tcp", "read", 4096, 1)?;
         let python_latency = python_row("latency", "tcp")?;
         latency_rounds.push((
@@ -270,7 +267,7 @@ fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
     }
     // Throughput pairs the same way, each row the median of its rounds.
     let mut throughput_rounds: Vec<[f64; 4]> = Vec::new();
-    for _ in 0..LATENCY_ROUNDS {
+    for _ in 0..ROUNDS {
         let runs = [
             rust("tcp", "write", 65536, 128)?,
             python_row("throughput", "tcp")?,
@@ -286,17 +283,13 @@ fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
     }
     let python_idle = python_row("idle", "tcp")?;
 
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
-    let rust_p50 = median(latency_rounds.iter().map(|r| r.0).collect());
-    let python_p50 = median(latency_rounds.iter().map(|r| r.1).collect());
-    let column = |i: usize| median(throughput_rounds.iter().map(|r| r[i]).collect());
+    let rust_p50 = median(&latency_rounds.iter().map(|r| r.0).collect::<Vec<_>>());
+    let python_p50 = median(&latency_rounds.iter().map(|r| r.1).collect::<Vec<_>>());
+    let column = |i: usize| median(&throughput_rounds.iter().map(|r| r[i]).collect::<Vec<_>>());
     let (rust_gbps, python_gbps) = (column(0), column(1));
     let (rust_shm_gbps, python_shm_gbps) = (column(2), column(3));
     // The binding's cost: the median of the rounds' differences.
-    let overhead = median(latency_rounds.iter().map(|r| r.1 - r.0).collect());
+    let overhead = median(&latency_rounds.iter().map(|r| r.1 - r.0).collect::<Vec<_>>());
     let rounds = latency_rounds
         .iter()
         .map(|(rust, python)| format!("{rust:.1} / {python:.1}"))
@@ -309,15 +302,15 @@ fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
     println!("| case | tern-bench | Python | Python - Rust | goal |");
     println!("|---|---|---|---|---|");
     println!(
-        "| 4 KiB read, batch 1, p50 (`transfer_sync_read`), median of {LATENCY_ROUNDS} alternating rounds (tern-bench / Python: {rounds} us) | {rust_p50:.1} us | {python_p50:.1} us | {overhead:+.1} us | <= 2 us {} |",
+        "| 4 KiB read, batch 1, p50 (`transfer_sync_read`), median of {ROUNDS} alternating rounds (tern-bench / Python: {rounds} us) | {rust_p50:.1} us | {python_p50:.1} us | {overhead:+.1} us | <= 2 us {} |",
         if overhead <= 2.0 { "met" } else { "MISSED" }
     );
     println!(
-        "| 128 x 64 KiB write (`batch_transfer_sync_write`), median of {LATENCY_ROUNDS} alternating rounds | {rust_gbps:.2} GB/s | {python_gbps:.2} GB/s | ratio {ratio:.2} | >= 0.95 {} |",
+        "| 128 x 64 KiB write (`batch_transfer_sync_write`), median of {ROUNDS} alternating rounds | {rust_gbps:.2} GB/s | {python_gbps:.2} GB/s | ratio {ratio:.2} | >= 0.95 {} |",
         if ratio >= 0.95 { "met" } else { "MISSED" }
     );
     println!(
-        "| 128 x 64 KiB write, protocol \"shm\" (same host, shared memory), median of {LATENCY_ROUNDS} alternating rounds | {rust_shm_gbps:.2} GB/s | {python_shm_gbps:.2} GB/s | ratio {:.2} | |",
+        "| 128 x 64 KiB write, protocol \"shm\" (same host, shared memory), median of {ROUNDS} alternating rounds | {rust_shm_gbps:.2} GB/s | {python_shm_gbps:.2} GB/s | ratio {:.2} | |",
         python_shm_gbps / rust_shm_gbps
     );
     println!(
