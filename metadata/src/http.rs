@@ -291,13 +291,18 @@ fn read_head(
     if line.is_empty() {
         return Err("connection closed before a reply".into());
     }
-    let first = line.trim_end().to_owned();
+    // HTTP separates a request or status line's parts with ASCII spaces and ends it with
+    // CR LF; other whitespace (U+2001, say) is part of a word, not a separator (found by
+    // fuzzing: `GET /metrics\u{2001}…` was taken for `GET /metrics`).
+    let first = line
+        .trim_end_matches(|c: char| c.is_ascii_whitespace())
+        .to_owned();
     // Only a reply's first line is a status line: a request whose method happens to read
     // "HTTP/…" is still a request (found by fuzzing).
     let status = if response {
         first
             .strip_prefix("HTTP/")
-            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|rest| rest.split_ascii_whitespace().nth(1))
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| format!("bad status line {first:?}"))?
     } else {
@@ -622,8 +627,12 @@ pub struct MetadataRequest {
 pub fn parse_http_request(reader: &mut impl BufRead) -> Result<HttpRequest, String> {
     let (_, headers) = read_head(reader, false)?;
     let line = headers.get(":line").cloned().unwrap_or_default();
-    let mut parts = line.split_whitespace();
+    let mut parts = line.split_ascii_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    // A method is a token: visible ASCII.
+    if !method.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("bad method {method:?}"));
+    }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     if method == "GET" && path == METRICS_PATH {
         return Ok(HttpRequest::Metrics);
@@ -760,6 +769,28 @@ mod tests {
             (request.method.as_str(), request.key.as_str()),
             ("HTTP/1.1", "b\u{8}")
         );
+    }
+
+    #[test]
+    fn only_ascii_spaces_separate_the_request_line() {
+        // Found by fuzzing: U+2001 after the path made `GET /metrics` of another target.
+        let wire = "    GET /metrics\u{2001}\u{3}GMT\0\0\x31Oson     ".as_bytes();
+        assert!(!matches!(
+            parse_http_request(&mut &wire[..]),
+            Ok(HttpRequest::Metrics)
+        ));
+        let wire = "GET /metrics\u{2001}\r\n\r\n".as_bytes();
+        assert!(!matches!(
+            parse_http_request(&mut &wire[..]),
+            Ok(HttpRequest::Metrics)
+        ));
+        let wire = "GET\u{2001}X /m?key=k HTTP/1.1\r\n\r\n".as_bytes();
+        let error = parse_request(&mut &wire[..]).unwrap_err();
+        assert!(error.contains("bad method"), "{error}");
+        assert!(matches!(
+            parse_http_request(&mut &b"GET /metrics HTTP/1.1\r\n\r\n"[..]),
+            Ok(HttpRequest::Metrics)
+        ));
     }
 
     #[test]
