@@ -33,8 +33,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tern_engine::{
-    BufferDesc, LocalCounter, NicStats, PeerState, PeerStats, RegionInfo, SegmentDesc, Slice,
-    TransferError, Transport, TransportContext, TransportError, TransportReport,
+    BufferDesc, NicStats, PeerState, PeerStats, RegionInfo, SegmentDesc, Slice, TransferError,
+    Transport, TransportContext, TransportError, TransportReport,
 };
 use tern_memreg::nic::register_on_devices;
 use tern_metadata::{DeviceDesc, PriorityMatrix};
@@ -44,7 +44,7 @@ pub use config::RdmaConfig;
 pub use error::RdmaError;
 
 use endpoint::EndpointStore;
-use nic::{Nic, WorkerCounters, open_nics};
+use nic::{Nic, open_nics};
 use route::Health;
 use shared::{NicSlot, RouteCache, Shared, lock};
 use topology::{NicInfo, build_matrix, numa_nodes, parse_matrix, read_matrix_file, restrict};
@@ -152,14 +152,16 @@ impl RdmaTransport {
             .iter()
             .enumerate()
             .map(|(i, slot)| {
-                let sum = |f: fn(&WorkerCounters) -> &LocalCounter| {
-                    slot.workers.iter().map(|w| f(&w.counters).get()).sum()
-                };
+                let (bytes, slices) = slot
+                    .workers
+                    .iter()
+                    .map(|w| w.counters.moved())
+                    .fold((0, 0), |(b, s), (wb, ws)| (b + wb, s + ws));
                 NicStats {
                     name: slot.nic.name.clone(),
-                    bytes: sum(|c| &c.bytes),
-                    slices: sum(|c| &c.slices),
-                    failures: sum(|c| &c.failures),
+                    bytes,
+                    slices,
+                    failures: slot.workers.iter().map(|w| w.counters.failures.get()).sum(),
                     paused: !shared.nic_usable(i, now),
                 }
             })

@@ -18,8 +18,6 @@ use crate::topology::numa_node_of_nic;
 /// written by that worker alone ([`LocalCounter`]), summed when asked.
 #[derive(Debug, Default)]
 pub(crate) struct WorkerCounters {
-    pub bytes: LocalCounter,
-    pub slices: LocalCounter,
     pub failures: LocalCounter,
     /// Per peer server: `(bytes, slices)`; a slot looks its entry up once, when it opens.
     pub peers: Mutex<HashMap<String, Arc<(LocalCounter, LocalCounter)>>>,
@@ -34,6 +32,17 @@ impl WorkerCounters {
             .entry(server.to_owned())
             .or_default()
             .clone()
+    }
+
+    /// `(bytes, slices)` moved, over every peer.
+    pub fn moved(&self) -> (u64, u64) {
+        self.peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .fold((0, 0), |(bytes, slices), peer| {
+                (bytes + peer.0.get(), slices + peer.1.get())
+            })
     }
 }
 

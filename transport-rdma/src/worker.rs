@@ -535,17 +535,22 @@ impl Worker {
         self.outstanding -= count;
         let mut succeeded = false;
         let mut failed = None;
-        let counters = &self.inbox.counters;
+        // Counted for the peer (and so for the NIC, which sums its peers) once for all that
+        // this completion retired, before any of them reports, so that whoever sees a task
+        // end sees it counted.
+        let (bytes, slices) = retired
+            .iter()
+            .filter(|(_, outcome)| matches!(outcome, Outcome::Done))
+            .fold((0u64, 0u64), |(bytes, slices), (job, _)| {
+                (bytes + job.slice.len as u64, slices + 1)
+            });
+        if slices > 0 {
+            slot.moved.0.add(bytes);
+            slot.moved.1.add(slices);
+        }
         for (job, outcome) in retired.drain(..) {
             match outcome {
                 Outcome::Done => {
-                    // Counted before the slice reports, so that whoever sees its task end
-                    // sees it counted.
-                    let bytes = job.slice.len as u64;
-                    counters.bytes.add(bytes);
-                    counters.slices.add(1);
-                    slot.moved.0.add(bytes);
-                    slot.moved.1.add(1);
                     job.slice.complete();
                     succeeded = true;
                 }
