@@ -461,6 +461,50 @@ impl Slice {
         self.report(Outcome::Skipped);
     }
 
+    /// Cuts the slice into up to `pieces` slices of about equal length, in order, each handed
+    /// to `place` with its index; the task counts every piece before any can report. Cuts
+    /// fall on multiples of `align` bytes from the slice's start (no two pieces share a
+    /// cache line, say), so a slice shorter than `2 × align` stays whole. For a transport
+    /// that moves one slice with several threads at once.
+    pub fn cut(self, pieces: usize, align: usize, mut place: impl FnMut(usize, Slice)) {
+        let align = align.max(1);
+        let pieces = pieces.min(self.len / align).max(1);
+        if pieces == 1 {
+            return place(0, self);
+        }
+        // Aligned bounds: piece k starts at k × len / pieces rounded down to `align`.
+        let len = self.len;
+        let bound = move |k: usize| {
+            if k == pieces {
+                len
+            } else {
+                (len / pieces * k + len % pieces * k / pieces) / align * align
+            }
+        };
+        let Some(submission) = self.submission.as_ref() else {
+            return;
+        };
+        submission
+            .batch
+            .add_slices(self.task as usize, pieces as u32 - 1);
+        for k in 1..pieces {
+            let (start, end) = (bound(k), bound(k + 1));
+            let piece = Slice {
+                local_addr: self.local_addr + start,
+                len: end - start,
+                remote_addr: self.remote_addr + start as u64,
+                opcode: self.opcode,
+                task: self.task,
+                rank: self.rank,
+                submission: Some(submission.clone()),
+            };
+            place(k, piece);
+        }
+        let mut first = self;
+        first.len = bound(1);
+        place(0, first);
+    }
+
     /// This transport cannot carry the slice (memory it cannot reach, a peer it cannot
     /// connect to): the engine offers it to the next transport that reaches the peer (cut
     /// again to that transport's slice size if it is larger), and fails it with `why` if

@@ -296,3 +296,122 @@ fn a_transport_that_offers_no_help_gets_none() {
     assert!(helped_by.lock().unwrap().is_empty());
     batch.cancel();
 }
+
+/// Cuts every slice into up to three pieces (cuts on 4 KiB from the slice's start), records
+/// them, and completes them from threads of its own — failing each slice's piece number
+/// `fail_piece`, if any.
+struct Cutter {
+    pieces: Arc<std::sync::Mutex<Vec<(usize, usize)>>>,
+    fail_piece: Option<usize>,
+}
+
+impl Transport for Cutter {
+    fn protocol(&self) -> &'static str {
+        "cutter"
+    }
+    fn can_reach(&self, _peer: &SegmentDesc) -> bool {
+        true
+    }
+    fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn describe(&self, _desc: &mut SegmentDesc, _regions: &[RegionInfo]) {}
+    fn max_slice_size(&self) -> usize {
+        64 << 10
+    }
+    fn submit(&self, slices: Vec<Slice>) {
+        for slice in slices {
+            slice.cut(3, 4096, |k, piece| {
+                self.pieces
+                    .lock()
+                    .unwrap()
+                    .push((piece.local_addr, piece.len));
+                let fail = self.fail_piece == Some(k);
+                std::thread::spawn(move || {
+                    if fail {
+                        piece.fail(TransferError::Dropped("this piece fails".into()));
+                    } else {
+                        piece.complete();
+                    }
+                });
+            });
+        }
+    }
+    fn shutdown(&self) {}
+}
+
+#[test]
+fn a_slice_cut_into_pieces_completes_its_task_once_every_piece_has() {
+    let pieces = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let engine = engine_with([Cutter {
+        pieces: pieces.clone(),
+        fail_piece: None,
+    }]);
+    let buffer = engine.allocate(256 << 10, "cpu:0").unwrap();
+    let base = buffer.addr();
+    // 100 KiB + 10: a 64 KiB slice and one of 36 KiB + 10; and a 6 KiB task, too short to cut.
+    let long = (100 << 10) + 10;
+    let batch = engine.allocate_batch(2).unwrap();
+    engine
+        .submit(
+            &batch,
+            &[
+                TransferRequest::write(base, SegmentId::LOCAL, (base + (128 << 10)) as u64, long),
+                TransferRequest::read(
+                    base + (120 << 10),
+                    SegmentId::LOCAL,
+                    (base + (240 << 10)) as u64,
+                    6 << 10,
+                ),
+            ],
+        )
+        .unwrap();
+    batch.wait(Duration::from_secs(5));
+    let task = batch.task_status(0).unwrap();
+    assert_eq!(task.status, TransferStatus::Completed);
+    assert_eq!(task.transferred_bytes, long as u64);
+    assert_eq!(
+        batch.task_status(1).unwrap().status,
+        TransferStatus::Completed
+    );
+    let mut seen = pieces.lock().unwrap().clone();
+    seen.sort();
+    let offsets: Vec<_> = seen.iter().map(|&(addr, len)| (addr - base, len)).collect();
+    // Each slice covered exactly, cuts on 4 KiB from its start; the short task whole.
+    assert_eq!(
+        offsets,
+        [
+            (0, 20 << 10),
+            (20 << 10, 20 << 10),
+            (40 << 10, 24 << 10),
+            (64 << 10, 12 << 10),
+            (76 << 10, 12 << 10),
+            (88 << 10, (12 << 10) + 10),
+            (120 << 10, 6 << 10),
+        ]
+    );
+    let stats = engine.stats();
+    let cutter = stats
+        .transports
+        .iter()
+        .find(|t| t.protocol == "cutter")
+        .unwrap();
+    assert_eq!((cutter.slices, cutter.bytes), (7, long as u64 + (6 << 10)));
+
+    // A piece that fails fails its task; the others of the slice change nothing.
+    let failing = engine_with([Cutter {
+        pieces: Arc::default(),
+        fail_piece: Some(1),
+    }]);
+    let buffer = failing.allocate(256 << 10, "cpu:0").unwrap();
+    let outcome = failing.transfer_sync(TransferRequest::write(
+        buffer.addr(),
+        SegmentId::LOCAL,
+        (buffer.addr() + (128 << 10)) as u64,
+        64 << 10,
+    ));
+    assert!(
+        outcome.is_err(),
+        "a failed piece fails the task: {outcome:?}"
+    );
+}

@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::iter::Peekable;
 use std::os::fd::OwnedFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use std::vec;
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 use tern_engine::{Opcode, PeerSegment, Slice, TransferError, TransportContext};
@@ -189,10 +191,9 @@ impl Links {
 
     /// The link to `peer`, made now if there is none.
     pub(crate) fn reach(&self, peer: &PeerSegment) -> Reach {
-        let Some(ext) = peer.desc.tern.get("shm").and_then(Extension::from_json) else {
+        let Some(key) = link_key(peer) else {
             return Reach::Decline("the peer publishes no shared-memory socket".into());
         };
-        let key = (peer.name.clone(), ext.socket.clone());
         if let Some(reach) = self.known(&key) {
             return reach;
         }
@@ -200,7 +201,7 @@ impl Links {
         if let Some(reach) = self.known(&key) {
             return reach;
         }
-        let (entry, reach) = match self.connect(peer, &ext.socket) {
+        let (entry, reach) = match self.connect(peer, &key.1) {
             Ok(link) => (Entry::Up(link.clone()), Reach::Up(link)),
             Err(Unreached::NotSameHost(reason)) => (
                 Entry::Down {
@@ -216,6 +217,15 @@ impl Links {
         };
         lock(&self.table).insert(key, entry);
         reach
+    }
+
+    /// Whether a link to `peer` is up and maps the buffer holding `addr..addr + len`
+    /// (without connecting: a hint for how to share out a submit).
+    pub(crate) fn maps(&self, peer: &PeerSegment, addr: u64, len: u64) -> bool {
+        match link_key(peer).and_then(|key| self.known(&key)) {
+            Some(Reach::Up(link)) => link.mapping(addr, len).is_some(),
+            _ => false,
+        }
     }
 
     fn known(&self, key: &(String, String)) -> Option<Reach> {
@@ -622,31 +632,53 @@ impl Link {
             .any(|&(a, l)| addr >= a && addr.checked_add(len).is_some_and(|e| e <= a + l))
     }
 
-    /// Copies one slice through a mapping; `None` hands the slice back when the mapping
-    /// died meanwhile.
-    fn copy_mapped(&self, mapped: &Mapped, slice: Slice) -> Option<Slice> {
+    /// Copies `first` and the slices after it that fall in the same mapping (a submit's
+    /// slices usually do) under one hold of the mapping, then counts them for the peer once
+    /// and completes them. What the mapping cannot take because it died meanwhile goes to
+    /// `back`.
+    fn copy_mapped(
+        &self,
+        mapped: &Mapped,
+        first: Slice,
+        rest: &mut Peekable<vec::IntoIter<Slice>>,
+        back: &mut Vec<Slice>,
+    ) {
+        let inside = |s: &Slice| mapped.contains(s.remote_addr, s.len as u64);
         let live = mapped.live.read().unwrap_or_else(|p| p.into_inner());
         if !*live {
-            return Some(slice);
+            back.push(first);
+            back.extend(std::iter::from_fn(|| rest.next_if(inside)));
+            return;
         }
-        let offset = (slice.remote_addr - mapped.addr) as usize;
-        let outcome =
-            slice
+        let mut done = Vec::new();
+        let mut bytes = 0u64;
+        for slice in std::iter::once(first).chain(std::iter::from_fn(|| rest.next_if(inside))) {
+            if !slice.is_live() {
+                slice.abandon();
+                continue;
+            }
+            let offset = (slice.remote_addr - mapped.addr) as usize;
+            let outcome = slice
                 .local()
                 .slice(slice.local_addr, slice.len)
                 .and_then(|local| match slice.opcode() {
                     Opcode::Write => mapped.mapping.write_from(offset, local),
                     Opcode::Read => mapped.mapping.read_into(offset, local),
                 });
-        drop(live);
-        match outcome {
-            Ok(()) => self.completed(slice),
-            Err(e) => slice.fail(TransferError::Protocol {
-                peer: self.peer.clone(),
-                message: format!("copy through the mapping: {e}"),
-            }),
+            match outcome {
+                Ok(()) => {
+                    bytes += slice.len as u64;
+                    done.push(slice);
+                }
+                Err(e) => slice.fail(TransferError::Protocol {
+                    peer: self.peer.clone(),
+                    message: format!("copy through the mapping: {e}"),
+                }),
+            }
         }
-        None
+        drop(live);
+        self.count(bytes, done.len() as u64);
+        done.into_iter().for_each(Slice::complete);
     }
 
     /// Moves slices to this peer: through mappings where its buffers are memfds (opening
@@ -654,29 +686,27 @@ impl Link {
     pub(crate) fn carry(&self, slices: Vec<Slice>) {
         let mut unknown = Vec::new();
         let mut plain = Vec::new();
-        for slice in slices {
+        let mut rest = slices.into_iter().peekable();
+        while let Some(slice) = rest.next() {
             if !slice.is_live() {
                 slice.abandon();
                 continue;
             }
             let (addr, len) = (slice.remote_addr, slice.len as u64);
             match self.mapping(addr, len) {
-                Some(mapped) => {
-                    if let Some(slice) = self.copy_mapped(&mapped, slice) {
-                        unknown.push(slice);
-                    }
-                }
+                Some(mapped) => self.copy_mapped(&mapped, slice, &mut rest, &mut unknown),
                 None if self.is_plain(addr, len) => plain.push(slice),
                 None => unknown.push(slice),
             }
         }
-        for slice in unknown {
+        let mut revoked = Vec::new();
+        let mut unknown = unknown.into_iter().peekable();
+        while let Some(slice) = unknown.next() {
             let (addr, len) = (slice.remote_addr, slice.len as u64);
             if let Some(mapped) = self.mapping(addr, len) {
-                if let Some(slice) = self.copy_mapped(&mapped, slice) {
-                    // Revoked between the lookup and the copy: the buffer is going.
-                    self.reject(slice);
-                }
+                // What comes back was revoked between the lookup and the copy: the buffer
+                // is going.
+                self.copy_mapped(&mapped, slice, &mut unknown, &mut revoked);
                 continue;
             }
             if self.is_plain(addr, len) {
@@ -684,16 +714,13 @@ impl Link {
                 continue;
             }
             match self.open(&slice) {
-                Ok(Some(mapped)) => {
-                    if let Some(slice) = self.copy_mapped(&mapped, slice) {
-                        self.reject(slice);
-                    }
-                }
+                Ok(Some(mapped)) => self.copy_mapped(&mapped, slice, &mut unknown, &mut revoked),
                 Ok(None) => plain.push(slice),
                 Err(Refusal::Fail(e)) => slice.fail(e),
                 Err(Refusal::Decline(why)) => slice.decline(&why),
             }
         }
+        revoked.into_iter().for_each(|slice| self.reject(slice));
         if !plain.is_empty() {
             self.attach(plain);
         }
@@ -796,7 +823,21 @@ impl Link {
                 return;
             }
         };
-        for (slice, granted) in slices.into_iter().zip(granted) {
+        // Where the peer granted every range and the slices go one way, one system call
+        // moves them all; what it leaves (an error somewhere) goes one by one below, which
+        // learns each slice's outcome.
+        let mut slices = slices;
+        let whole = if granted.iter().all(|&g| g) {
+            attach_many(process, &slices)
+        } else {
+            0
+        };
+        let rest = slices.split_off(whole);
+        if whole > 0 {
+            self.count(slices.iter().map(|s| s.len as u64).sum(), whole as u64);
+            slices.into_iter().for_each(Slice::complete);
+        }
+        for (slice, granted) in rest.into_iter().zip(granted.into_iter().skip(whole)) {
             if !granted {
                 self.reject(slice);
                 continue;
@@ -840,16 +881,50 @@ impl Link {
         }
     }
 
-    fn count(&self, bytes: u64) {
+    /// Counts `slices` that moved `bytes` for the peer (before they complete, so whoever
+    /// sees them done sees them counted).
+    fn count(&self, bytes: u64, slices: u64) {
         self.moved.0.fetch_add(bytes, Ordering::Relaxed);
-        self.moved.1.fetch_add(1, Ordering::Relaxed);
+        self.moved.1.fetch_add(slices, Ordering::Relaxed);
     }
 
     /// Completes a slice that moved, counting it for the peer.
     fn completed(&self, slice: Slice) {
-        self.count(slice.len as u64);
+        self.count(slice.len as u64, 1);
         slice.complete();
     }
+}
+
+/// What a link to `peer` is known by: its segment name and the socket its descriptor names
+/// (a peer that starts again gets a new socket, and so a new link); none without `tern.shm`.
+fn link_key(peer: &PeerSegment) -> Option<(String, String)> {
+    let ext = peer.desc.tern.get("shm").and_then(Extension::from_json)?;
+    Some((peer.name.clone(), ext.socket))
+}
+
+/// Moves the leading slices that go the same way as the first with one system call (or a
+/// few: `IOV_MAX` ranges per call): how many of them moved whole.
+fn attach_many(process: PeerProcess, slices: &[Slice]) -> usize {
+    let Some(opcode) = slices.first().map(Slice::opcode) else {
+        return 0;
+    };
+    let run = slices.iter().take_while(|s| s.opcode() == opcode);
+    let pairs: Result<Vec<_>, tern_memreg::MemoryError> = run
+        .clone()
+        .map(|s| Ok((s.remote_addr, s.local().slice(s.local_addr, s.len)?)))
+        .collect();
+    let moved = match (pairs, opcode) {
+        (Ok(pairs), Opcode::Write) => process.write_many(&pairs),
+        (Ok(pairs), Opcode::Read) => process.read_many(&pairs),
+        (Err(_), _) => 0,
+    };
+    // The slices wholly inside what moved.
+    run.scan(0usize, |covered, s| {
+        *covered += s.len;
+        Some(*covered)
+    })
+    .take_while(|&covered| covered <= moved)
+    .count()
 }
 
 /// Moves one slice between its local region and a remote range of `registry` (an engine of

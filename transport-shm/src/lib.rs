@@ -58,8 +58,8 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use tern_engine::{
-    AlignedBuffer, PeerState, PeerStats, RegionInfo, SegmentDesc, SegmentId, Slice, TransferError,
-    Transport, TransportContext, TransportError, TransportReport,
+    AlignedBuffer, Opcode, PeerState, PeerStats, RegionInfo, SegmentDesc, SegmentId, Slice,
+    TransferError, Transport, TransportContext, TransportError, TransportReport,
 };
 
 use crate::client::{Links, Reach};
@@ -309,12 +309,138 @@ impl Default for ShmTransport {
 
 /// A copy thread: takes the slices of one submit (or part of it) and moves them.
 fn work(jobs: &Receiver<Vec<Slice>>, links: &Links, stop: &AtomicBool) {
-    while let Ok(slices) = jobs.recv() {
+    while let Some(slices) = next_job(jobs) {
         if stop.load(Ordering::Acquire) {
             fail_all(slices);
             return;
         }
         run(slices, links);
+    }
+}
+
+fn send(queue: &Sender<Vec<Slice>>, part: Vec<Slice>) {
+    if let Err(back) = queue.send(part) {
+        fail_all(back.0);
+    }
+}
+
+/// Smallest piece a slice is cut into for several hands, and the alignment of the cuts
+/// (whole pages, so no two hands write one cache line or pin one page).
+const STRIPE_PIECE: usize = 16 << 10;
+
+/// Slices this long (on average) are cut into a piece per hand even when the submit has
+/// enough slices to give each hand a run of its own: copies this long run from memory,
+/// where two hands on the halves of each slice move more than two on runs of whole ones.
+const STRIPE_FROM: u64 = 1 << 20;
+
+/// Where a slice's bytes go, for [`Shape`].
+#[derive(Debug, Clone, Copy)]
+struct Extent {
+    writes: bool,
+    local: u64,
+    remote: u64,
+    len: u64,
+}
+
+/// What [`spread`] needs to know of a submit.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    slices: usize,
+    bytes: u64,
+    /// Whether two slices write the same bytes (the same block again, as a benchmark that
+    /// reuses one block does): seen when the slices' destinations span fewer bytes than
+    /// they hold.
+    reuse: bool,
+}
+
+impl Shape {
+    fn of(extents: impl Iterator<Item = Extent>) -> Self {
+        // Destinations: the peer's memory for writes, this node's for reads.
+        #[derive(Clone, Copy)]
+        struct Span {
+            low: u64,
+            high: u64,
+            bytes: u64,
+        }
+        let empty = Span {
+            low: u64::MAX,
+            high: 0,
+            bytes: 0,
+        };
+        let mut spans = [empty; 2];
+        let mut shape = Shape::default();
+        for extent in extents {
+            let start = if extent.writes {
+                extent.remote
+            } else {
+                extent.local
+            };
+            let span = &mut spans[usize::from(extent.writes)];
+            span.low = span.low.min(start);
+            span.high = span.high.max(start.saturating_add(extent.len));
+            span.bytes = span.bytes.saturating_add(extent.len);
+            shape.slices += 1;
+            shape.bytes = shape.bytes.saturating_add(extent.len);
+        }
+        shape.reuse = spans
+            .iter()
+            .any(|s| s.bytes > 0 && s.high.saturating_sub(s.low) < s.bytes);
+        shape
+    }
+}
+
+/// How one submit is shared among the hands.
+#[derive(Debug, PartialEq, Eq)]
+enum Spread {
+    /// One hand takes it all: too little to share.
+    Whole,
+    /// Runs of whole slices, one per hand: distinct memory streams best this way.
+    Runs(usize),
+    /// Each slice cut into a piece per hand, so that the hands never write the same bytes:
+    /// for memory reused within the submit (two hands on one block fight over its cache
+    /// lines), for long slices, and for a submit of too few slices to share out whole.
+    Stripes,
+}
+
+/// Cross-memory attach pays a system call per piece, so only slices through a mapping
+/// (`mapped`: asked only when it matters) are cut.
+fn spread(shape: &Shape, hands: usize, mapped: impl FnOnce() -> bool) -> Spread {
+    let enough_for_runs = shape.slices >= 2 * hands;
+    if hands < 2 || shape.bytes < 2 * STRIPE_PIECE as u64 {
+        return Spread::Whole;
+    }
+    let long = shape.bytes / shape.slices as u64 >= STRIPE_FROM;
+    if (shape.reuse || long || !enough_for_runs) && mapped() {
+        return Spread::Stripes;
+    }
+    if enough_for_runs {
+        Spread::Runs(hands)
+    } else {
+        Spread::Whole
+    }
+}
+
+/// How long a copy thread that ran out of work keeps looking for more before it sleeps: a
+/// submitter that finds it awake hands it work without a wake-up call (a system call of
+/// microseconds, often longer than the copy), and an idle one sleeps after one budget.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// The next job: spinning for up to [`LINGER`], then sleeping until one comes; `None` once
+/// the queue is closed.
+fn next_job(jobs: &Receiver<Vec<Slice>>) -> Option<Vec<Slice>> {
+    let since = std::time::Instant::now();
+    loop {
+        match jobs.try_recv() {
+            Ok(slices) => return Some(slices),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) => {}
+        }
+        if since.elapsed() >= LINGER {
+            return jobs.recv().ok();
+        }
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
     }
 }
 
@@ -438,20 +564,49 @@ impl Transport for ShmTransport {
             return;
         };
         // Spread a large submit over the copy threads and the thread that will wait for it
-        // (it helps: `help`), in contiguous parts.
+        // (it helps: `help`).
         let hands = self.config.workers.max(1) + 1;
-        let parts = if slices.len() >= 2 * hands { hands } else { 1 };
-        let per = slices.len().div_ceil(parts);
-        let mut slices = slices;
-        while slices.len() > per {
-            let rest = slices.split_off(per);
-            let part = std::mem::replace(&mut slices, rest);
-            if let Err(back) = running.queue.send(part) {
-                fail_all(back.0);
+        let mapped = || {
+            slices.first().is_some_and(|first| {
+                running
+                    .links
+                    .maps(first.peer(), first.remote_addr, first.len as u64)
+            })
+        };
+        let shape = Shape::of(slices.iter().map(|s| Extent {
+            writes: s.opcode() == Opcode::Write,
+            local: s.local_addr as u64,
+            remote: s.remote_addr,
+            len: s.len as u64,
+        }));
+        match spread(&shape, hands, mapped) {
+            Spread::Whole => send(&running.queue, slices),
+            Spread::Runs(parts) => {
+                let per = slices.len().div_ceil(parts);
+                let mut slices = slices;
+                while slices.len() > per {
+                    let rest = slices.split_off(per);
+                    send(&running.queue, std::mem::replace(&mut slices, rest));
+                }
+                send(&running.queue, slices);
             }
-        }
-        if let Err(back) = running.queue.send(slices) {
-            fail_all(back.0);
+            Spread::Stripes => {
+                let mut parts: Vec<Vec<Slice>> = (0..hands)
+                    .map(|_| Vec::with_capacity(slices.len()))
+                    .collect();
+                for (i, slice) in slices.into_iter().enumerate() {
+                    // Piece k of every slice to hand k (the same bytes always to the same
+                    // hand); a slice too short to cut goes whole, to the hands in turn.
+                    if slice.len < 2 * STRIPE_PIECE {
+                        parts[i % hands].push(slice);
+                        continue;
+                    }
+                    slice.cut(hands, STRIPE_PIECE, |k, piece| parts[k].push(piece));
+                }
+                for part in parts.into_iter().filter(|p| !p.is_empty()) {
+                    send(&running.queue, part);
+                }
+            }
         }
     }
 
@@ -525,5 +680,94 @@ fn fail_all(slices: Vec<Slice>) {
         slice.fail(TransferError::Dropped(
             "the shared-memory transport stopped".into(),
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KIB: u64 = 1 << 10;
+
+    fn writes(blocks: &[(u64, u64)]) -> Shape {
+        Shape::of(blocks.iter().map(|&(remote, len)| Extent {
+            writes: true,
+            local: 0,
+            remote,
+            len,
+        }))
+    }
+
+    fn distinct(count: u64, len: u64) -> Shape {
+        writes(&(0..count).map(|i| (i * len, len)).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn reuse_is_slices_writing_the_same_bytes() {
+        assert!(!distinct(128, 64 * KIB).reuse);
+        assert!(writes(&[(0, 64 * KIB); 128]).reuse);
+        assert!(writes(&[(0, 64 * KIB), (32 * KIB, 64 * KIB)]).reuse);
+        // Reads land in local memory: the same remote block read into distinct local ones
+        // is no reuse; read into one local block, it is.
+        let reads = |locals: &[u64]| {
+            Shape::of(locals.iter().map(|&local| Extent {
+                writes: false,
+                local,
+                remote: 0,
+                len: 64 * KIB,
+            }))
+        };
+        assert!(!reads(&[0, 64 * KIB, 128 * KIB]).reuse);
+        assert!(reads(&[0, 0]).reuse);
+        let shape = distinct(3, 64 * KIB);
+        assert_eq!((shape.slices, shape.bytes), (3, 192 * KIB));
+    }
+
+    #[test]
+    fn a_submit_is_shared_out_by_what_it_moves_and_how() {
+        let asked = std::cell::Cell::new(0);
+        let mapped = |answer: bool| {
+            let asked = &asked;
+            move || {
+                asked.set(asked.get() + 1);
+                answer
+            }
+        };
+        // Too little to share, or one hand: whole, without looking up the mapping.
+        assert_eq!(
+            spread(&distinct(1, 4 * KIB), 2, mapped(true)),
+            Spread::Whole
+        );
+        assert_eq!(
+            spread(&distinct(128, 64 * KIB), 1, mapped(true)),
+            Spread::Whole
+        );
+        assert_eq!(asked.get(), 0);
+        // Distinct 64 KiB blocks stream best in runs, mapped or not.
+        assert_eq!(
+            spread(&distinct(128, 64 * KIB), 2, mapped(true)),
+            Spread::Runs(2)
+        );
+        assert_eq!(
+            spread(&distinct(128, 64 * KIB), 2, mapped(false)),
+            Spread::Runs(2)
+        );
+        // One block again and again, long slices, or too few slices: cut, through a mapping
+        // only (cross-memory attach pays a system call per piece).
+        let again = writes(&[(0, 64 * KIB); 128]);
+        assert_eq!(spread(&again, 2, mapped(true)), Spread::Stripes);
+        assert_eq!(spread(&again, 2, mapped(false)), Spread::Runs(2));
+        assert_eq!(
+            spread(&distinct(128, 1 << 20), 2, mapped(true)),
+            Spread::Stripes
+        );
+        assert_eq!(
+            spread(&distinct(1, 1 << 20), 2, mapped(true)),
+            Spread::Stripes
+        );
+        assert_eq!(
+            spread(&distinct(1, 1 << 20), 2, mapped(false)),
+            Spread::Whole
+        );
     }
 }

@@ -143,6 +143,87 @@ fn a_buffer_unregistered_while_mapped_is_unmapped_in_the_peer_before_unregisteri
     assert_eq!(mappings_of(inode), 0, "nothing was mapped again");
 }
 
+/// Runs `requests` in one batch and checks every task completed.
+fn all_complete(engine: &TransferEngine, requests: &[TransferRequest]) {
+    let batch = engine.allocate_batch(requests.len()).unwrap();
+    engine.submit(&batch, requests).unwrap();
+    batch.wait(Duration::from_secs(30));
+    for task in 0..requests.len() {
+        assert_eq!(
+            batch.task_status(task).unwrap().status,
+            TransferStatus::Completed
+        );
+    }
+}
+
+#[test]
+fn slices_shared_out_by_bytes_among_the_hands_land_whole_both_ways() {
+    // One copy thread and the waiter: two hands, so a slice through a mapping that is worth
+    // sharing is cut in two, each hand copying its own half.
+    let two_hands = || {
+        TransferEngine::builder()
+            .local_server_name("127.0.0.1")
+            .transport(ShmTransport::new(ShmConfig {
+                workers: 1,
+                ..ShmConfig::default()
+            }))
+            .transport(TcpTransport::default())
+            .build()
+            .unwrap()
+    };
+    let (target, initiator) = (two_hands(), two_hands());
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    let remote = target.allocate(4 << 20, "cpu:0").unwrap();
+    let local = initiator.allocate(4 << 20, "cpu:0").unwrap();
+    initiator.refresh_segment(peer).unwrap();
+    // The first transfer maps the buffer; only then is a submit through it shared out.
+    write_lands(&initiator, peer, &remote, b"map it");
+    let before = shm_stats(&initiator);
+
+    // One slice of an odd length, too few to share out whole: cut in two, both halves land.
+    let odd = (1 << 20) - 100;
+    let pattern: Vec<u8> = (0..odd).map(|i| (i % 251) as u8).collect();
+    local.write_at(0, &pattern).unwrap();
+    let remote_at = remote.addr() as u64 + 4096;
+    all_complete(
+        &initiator,
+        &[TransferRequest::write(local.addr(), peer, remote_at, odd)],
+    );
+    let mut seen = vec![0u8; odd];
+    remote.read_at(4096, &mut seen).unwrap();
+    assert!(seen == pattern, "the written halves differ from the source");
+    let after_write = shm_stats(&initiator);
+    assert_eq!(after_write.bytes - before.bytes, odd as u64);
+    assert_eq!(
+        after_write.slices - before.slices,
+        2,
+        "one slice, two pieces"
+    );
+
+    // The same block read into the same local block eight times (a benchmark's reuse): cut
+    // too, so that the hands never write the same bytes; and it still reads right.
+    let block = 64 << 10;
+    let into = local.addr() + (2 << 20);
+    let reads: Vec<_> = (0..8)
+        .map(|_| TransferRequest::read(into, peer, remote_at, block))
+        .collect();
+    all_complete(&initiator, &reads);
+    let mut back = vec![0u8; block];
+    local.read_at(2 << 20, &mut back).unwrap();
+    assert!(
+        back == pattern[..block],
+        "the read halves differ from the source"
+    );
+    let after_reads = shm_stats(&initiator);
+    assert_eq!(after_reads.bytes - after_write.bytes, 8 * block as u64);
+    assert_eq!(
+        after_reads.slices - after_write.slices,
+        16,
+        "eight slices, two pieces each"
+    );
+    assert_eq!(tcp_bytes(&initiator), 0);
+}
+
 #[test]
 fn a_mooncake_descriptor_without_the_field_gets_no_shm_and_tcp_carries() {
     let golden = include_str!("../../metadata/tests/golden/mooncake-tcp-segment.json");
