@@ -4,7 +4,7 @@
 //! changes again (the first final state wins a compare-and-swap). Waiters sleep on a condvar
 //! that the last task to finish signals; each slice costs one atomic add on its task.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// Called once when a batch has no unfinished task left; see [`Batch::on_complete`].
@@ -22,7 +22,7 @@ impl std::fmt::Debug for Hooks {
 use std::time::{Duration, Instant};
 
 use crate::error::{EngineError, TransferError};
-use crate::stats::{EngineCounters, clock_ns, completion_ns, epoch};
+use crate::stats::{EngineCounters, Tally, clock_ns, completion_ns, epoch};
 use crate::transport::Transport;
 use crate::types::{BatchState, BatchStatus, Opcode, TaskStatus, TransferStatus};
 
@@ -38,24 +38,99 @@ pub(crate) const MAX_TASK_BYTES: u64 = (1 << PROGRESS_SHIFT) - 1;
 /// A task's progress word holds its slices done above this bit and its bytes below.
 const PROGRESS_SHIFT: u32 = 40;
 
+/// A task's state word: the state in its low three bits; above them the transport its
+/// slices go to first, plus one (0: none); from [`ENDED_SHIFT`] on, once a timed task has
+/// completed, when it did (`stats::completion_ns`, at least 1) — so the compare-and-swap
+/// that ends a task also times it.
+const STATE_MASK: u64 = 0b111;
+const FIRST_SHIFT: u32 = 3;
+const FIRST_MASK: u64 = 0b1_1111 << FIRST_SHIFT;
+const ENDED_SHIFT: u32 = 8;
+/// The bit of a task's slice total that marks a write.
+const WRITE_FLAG: u32 = 1 << 31;
+
+fn state_of(word: u64) -> u8 {
+    (word & STATE_MASK) as u8
+}
+
+/// One task, as its batch and the engine's tally ([`tally_tasks`]) read it.
 #[derive(Debug, Default)]
-struct TaskState {
-    state: AtomicU8,
+pub(crate) struct TaskState {
+    /// See [`STATE_MASK`].
+    state: AtomicU64,
+    /// Slices to do, and [`WRITE_FLAG`] for a write.
     slices_total: AtomicU32,
     /// Slices done (high bits) and bytes moved (low [`PROGRESS_SHIFT`] bits): one atomic add
     /// per slice counts both.
     progress: AtomicU64,
+    /// The part of `progress` the first transport did not move: slices it declined, which
+    /// the transports that carried them count as they report, and slices skipped. Added to
+    /// before `progress`.
+    uncredited: AtomicU64,
     error: OnceLock<TransferError>,
-    /// For the latency histograms: when the task started (`stats::clock_ns`), its
-    /// operation (0 read, 1 write) and length.
-    started_ns: AtomicU64,
-    write: AtomicBool,
-    len: AtomicU64,
 }
 
 impl TaskState {
     fn bytes(&self) -> u64 {
         self.progress.load(Ordering::Relaxed) & MAX_TASK_BYTES
+    }
+}
+
+/// A batch's tasks, and when each submit call started its tasks: what the engine's tally
+/// reads ([`tally_tasks`]) while the batch lives, and once more when it goes.
+#[derive(Debug)]
+pub(crate) struct TaskTable {
+    tasks: Box<[TaskState]>,
+    /// `(first task, stats::clock_ns)` of each submit call, in task order (timed batches
+    /// only): one record per call, none per task.
+    starts: Mutex<Vec<(usize, u64)>>,
+}
+
+impl std::ops::Deref for TaskTable {
+    type Target = [TaskState];
+    fn deref(&self) -> &[TaskState] {
+        &self.tasks
+    }
+}
+
+/// Adds what the tasks of `table` moved over the transport each went to first, and how
+/// long those that completed took, to `tally`. A task moves once; read while it runs, it
+/// shows what it has moved so far.
+pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
+    let split = |word: u64| (word & MAX_TASK_BYTES, word >> PROGRESS_SHIFT);
+    let starts = table.starts.lock().unwrap_or_else(|p| p.into_inner());
+    let mut start = starts.iter().peekable();
+    let mut started_ns = 0;
+    for (task, t) in table.tasks.iter().enumerate() {
+        while let Some(&&(first, at)) = start.peek()
+            && first <= task
+        {
+            started_ns = at;
+            start.next();
+        }
+        let word = t.state.load(Ordering::Acquire);
+        let first = (word & FIRST_MASK) >> FIRST_SHIFT;
+        if first == 0 {
+            continue;
+        }
+        // `uncredited` is added to before `progress` and read after: all of it that this
+        // `progress` holds is seen.
+        let (bytes, slices) = split(t.progress.load(Ordering::Acquire));
+        let (other_bytes, other_slices) = split(t.uncredited.load(Ordering::Acquire));
+        tally.moved(
+            first as usize - 1,
+            bytes.saturating_sub(other_bytes),
+            slices.saturating_sub(other_slices),
+        );
+        let ended = word >> ENDED_SHIFT;
+        if state_of(word) == COMPLETED && ended != 0 {
+            let opcode = if t.slices_total.load(Ordering::Relaxed) & WRITE_FLAG != 0 {
+                Opcode::Write
+            } else {
+                Opcode::Read
+            };
+            tally.took(opcode, bytes, ended.saturating_sub(started_ns));
+        }
     }
 }
 
@@ -90,7 +165,7 @@ impl std::fmt::Debug for Helpers {
 
 #[derive(Debug)]
 pub(crate) struct BatchInner {
-    tasks: Box<[TaskState]>,
+    tasks: Arc<TaskTable>,
     /// Serialises slot reservation; never held while doing I/O.
     reserve: Mutex<usize>,
     submitted: AtomicUsize,
@@ -106,7 +181,8 @@ pub(crate) struct BatchInner {
     /// How long `wait` polls before it sleeps: a transfer that ends within it is seen at
     /// once, without a condvar round trip.
     spin: Duration,
-    /// Where completed tasks' latencies go (none with metrics off).
+    /// The engine's counters, which read this batch's tasks while it lives and take their
+    /// totals when it goes (none with metrics off).
     timer: Option<Arc<EngineCounters>>,
     /// Transports a waiter may help instead of spinning.
     helpers: Option<Helpers>,
@@ -128,8 +204,15 @@ impl BatchInner {
         timer: Option<Arc<EngineCounters>>,
         helpers: Option<Helpers>,
     ) -> Self {
-        Self {
+        let tasks = Arc::new(TaskTable {
             tasks: (0..capacity).map(|_| TaskState::default()).collect(),
+            starts: Mutex::default(),
+        });
+        if let Some(timer) = &timer {
+            timer.register(tasks.clone());
+        }
+        Self {
+            tasks,
             reserve: Mutex::new(0),
             submitted: AtomicUsize::new(0),
             unfinished: AtomicUsize::new(0),
@@ -166,6 +249,11 @@ impl BatchInner {
         }
         let first = *used;
         *used += n;
+        if self.timer.is_some() {
+            // The tasks' start, one record for the call: a task stores nothing for metrics.
+            let mut starts = self.tasks.starts.lock().unwrap_or_else(|p| p.into_inner());
+            starts.push((first, clock_ns()));
+        }
         self.unfinished.fetch_add(n, Ordering::SeqCst);
         Ok(first)
     }
@@ -175,41 +263,35 @@ impl BatchInner {
         self.submitted.fetch_max(up_to, Ordering::Release);
     }
 
-    /// The time tasks submitted now start at, for [`start_task`](Self::start_task): read
-    /// once per submit, not per task, and only when tasks are timed.
-    pub(crate) fn start_clock(&self) -> u64 {
-        if self.timer.is_some() { clock_ns() } else { 0 }
-    }
-
-    pub(crate) fn start_task(
-        &self,
-        task: usize,
-        slices: u32,
-        opcode: Opcode,
-        len: usize,
-        started_ns: u64,
-    ) {
+    /// Starts `task`: `slices` of `opcode`, going to transport `first` (an index into the
+    /// engine's list) first — the words the task keeps anyway, so metrics store nothing here.
+    pub(crate) fn start_task(&self, task: usize, slices: u32, opcode: Opcode, first: usize) {
         let t = &self.tasks[task];
-        t.slices_total.store(slices, Ordering::Relaxed);
-        if self.timer.is_some() {
-            t.started_ns.store(started_ns, Ordering::Relaxed);
-            t.write.store(opcode == Opcode::Write, Ordering::Relaxed);
-            t.len.store(len as u64, Ordering::Relaxed);
-        }
-        t.state.store(PENDING, Ordering::Release);
+        let write = if opcode == Opcode::Write {
+            WRITE_FLAG
+        } else {
+            0
+        };
+        t.slices_total.store(slices | write, Ordering::Relaxed);
+        let first = ((first as u64 + 1) << FIRST_SHIFT) & FIRST_MASK;
+        t.state.store(u64::from(PENDING) | first, Ordering::Release);
     }
 
-    /// Moves a pending (or just-reserved) task to a final state; false if it already was.
-    fn finish(&self, task: usize, state: u8) -> bool {
+    /// Moves a pending (or just-reserved) task to a final state, ended at `ended_ns` (0:
+    /// untimed); false if it already was.
+    fn finish(&self, task: usize, state: u8, ended_ns: u64) -> bool {
         let t = &self.tasks[task];
         let mut current = t.state.load(Ordering::Acquire);
         loop {
-            if current != PENDING && current != WAITING {
+            if !matches!(state_of(current), PENDING | WAITING) {
                 return false;
             }
+            let next = u64::from(state)
+                | (current & FIRST_MASK)
+                | (ended_ns & (u64::MAX >> ENDED_SHIFT)) << ENDED_SHIFT;
             match t
                 .state
-                .compare_exchange(current, state, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => break,
                 Err(now) => current = now,
@@ -267,7 +349,7 @@ impl BatchInner {
 
     pub(crate) fn fail_task(&self, task: usize, error: TransferError) {
         let _ = self.tasks[task].error.set(error);
-        self.finish(task, FAILED);
+        self.finish(task, FAILED, 0);
     }
 
     /// `task` has `more` slices than it started with (a declined slice cut again). Only
@@ -287,34 +369,35 @@ impl BatchInner {
             .progress
             .fetch_add((1 << PROGRESS_SHIFT) | bytes, Ordering::AcqRel);
         let done = (before >> PROGRESS_SHIFT) + 1;
-        done == u64::from(t.slices_total.load(Ordering::Acquire))
+        done == u64::from(t.slices_total.load(Ordering::Acquire) & !WRITE_FLAG)
     }
 
-    /// Moves `task` to Completed (if nothing ended it before) and times it; `moved` is its
-    /// last slice's (transport, bytes) if that slice completed, counted with the timing.
-    pub(crate) fn complete_task(&self, task: usize, moved: Option<(usize, u64)>) {
-        // Counted before the task ends, so that whoever sees it end sees it counted.
-        if let Some(timer) = &self.timer {
-            let took = self.task_live(task).then(|| {
-                let t = &self.tasks[task];
-                let took = completion_ns().saturating_sub(t.started_ns.load(Ordering::Relaxed));
-                let opcode = if t.write.load(Ordering::Relaxed) {
-                    Opcode::Write
-                } else {
-                    Opcode::Read
-                };
-                (opcode, t.len.load(Ordering::Relaxed) as usize, took)
-            });
-            timer.task_done(moved, took);
-        }
-        self.finish(task, COMPLETED);
+    /// A slice of `task` with `bytes` that the task's first transport did not move (another
+    /// carried it, or it was skipped): called before its
+    /// [`slice_progress`](Self::slice_progress), so that the tally never credits it to the
+    /// first transport.
+    pub(crate) fn slice_uncredited(&self, task: usize, bytes: u64) {
+        self.tasks[task]
+            .uncredited
+            .fetch_add((1 << PROGRESS_SHIFT) | bytes, Ordering::AcqRel);
+    }
+
+    /// Moves `task` to Completed (if nothing ended it before), timed by this thread's
+    /// completion clock when metrics are on.
+    pub(crate) fn complete_task(&self, task: usize) {
+        let ended = if self.timer.is_some() {
+            completion_ns().max(1)
+        } else {
+            0
+        };
+        self.finish(task, COMPLETED, ended);
     }
 
     /// Whether a slice of `task` should still run: the task is pending. (A task past its
     /// deadline is timed out by the next status read or wait — a waiter wakes at the
     /// deadline — so no clock is read per slice.)
     pub(crate) fn task_live(&self, task: usize) -> bool {
-        self.tasks[task].state.load(Ordering::Acquire) == PENDING
+        state_of(self.tasks[task].state.load(Ordering::Acquire)) == PENDING
     }
 
     fn past_deadline(&self) -> bool {
@@ -347,14 +430,14 @@ impl BatchInner {
     fn enforce_deadline(&self) {
         if self.unfinished.load(Ordering::Acquire) > 0 && self.past_deadline() {
             for task in 0..self.submitted.load(Ordering::Acquire) {
-                self.finish(task, TIMEOUT);
+                self.finish(task, TIMEOUT, 0);
             }
         }
     }
 
     pub(crate) fn cancel(&self) -> usize {
         (0..self.submitted.load(Ordering::Acquire))
-            .filter(|&task| self.finish(task, CANCELED))
+            .filter(|&task| self.finish(task, CANCELED, 0))
             .count()
     }
 
@@ -364,7 +447,7 @@ impl BatchInner {
             return None;
         }
         let t = &self.tasks[task];
-        let status = match t.state.load(Ordering::Acquire) {
+        let status = match state_of(t.state.load(Ordering::Acquire)) {
             WAITING => TransferStatus::Waiting,
             PENDING => TransferStatus::Pending,
             COMPLETED => TransferStatus::Completed,
@@ -389,7 +472,7 @@ impl BatchInner {
         let (mut completed, mut failed, mut pending, mut bytes) = (0, 0, 0, 0);
         for t in &self.tasks[..submitted] {
             bytes += t.bytes();
-            match t.state.load(Ordering::Acquire) {
+            match state_of(t.state.load(Ordering::Acquire)) {
                 WAITING | PENDING => pending += 1,
                 COMPLETED => completed += 1,
                 _ => failed += 1,
@@ -535,6 +618,15 @@ impl Batch {
     }
 }
 
+impl Drop for BatchInner {
+    fn drop(&mut self) {
+        // Every slice has reported (each held the batch): the tasks are as they end.
+        if let Some(timer) = &self.timer {
+            timer.retire(&self.tasks);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -562,7 +654,7 @@ mod tests {
         fn succeed(mut self, bytes: u64) {
             self.reported = true;
             if self.batch.slice_progress(self.task, bytes) {
-                self.batch.complete_task(self.task, None);
+                self.batch.complete_task(self.task);
             }
         }
 
@@ -587,8 +679,8 @@ mod tests {
     fn a_task_completes_when_its_last_slice_does() {
         let batch = Arc::new(BatchInner::new(2));
         let first = batch.reserve(2).unwrap();
-        batch.start_task(first, 2, Opcode::Read, 1, 0);
-        batch.start_task(first + 1, 1, Opcode::Read, 1, 0);
+        batch.start_task(first, 2, Opcode::Read, 0);
+        batch.start_task(first + 1, 1, Opcode::Read, 0);
         batch.publish(2);
         let a = SliceCompletion::new(batch.clone(), 0);
         let b = SliceCompletion::new(batch.clone(), 0);
@@ -633,7 +725,7 @@ mod tests {
     fn free_is_refused_while_busy_and_cancel_finishes_tasks() {
         let batch = Arc::new(BatchInner::new(1));
         batch.reserve(1).unwrap();
-        batch.start_task(0, 1, Opcode::Read, 1, 0);
+        batch.start_task(0, 1, Opcode::Read, 0);
         batch.publish(1);
         let late = SliceCompletion::new(batch.clone(), 0);
         assert!(matches!(
@@ -655,7 +747,7 @@ mod tests {
     fn deadlines_time_tasks_out_and_wake_waiters() {
         let batch = Arc::new(BatchInner::new(1));
         batch.reserve(1).unwrap();
-        batch.start_task(0, 1, Opcode::Read, 1, 0);
+        batch.start_task(0, 1, Opcode::Read, 0);
         batch.publish(1);
         batch.set_deadline(Some(Instant::now() + Duration::from_millis(30)));
         let status = batch.wait(Duration::from_secs(30));
@@ -671,8 +763,8 @@ mod tests {
         use std::sync::atomic::AtomicUsize;
         let batch = Arc::new(BatchInner::new(2));
         batch.reserve(2).unwrap();
-        batch.start_task(0, 1, Opcode::Read, 1, 0);
-        batch.start_task(1, 1, Opcode::Read, 1, 0);
+        batch.start_task(0, 1, Opcode::Read, 0);
+        batch.start_task(1, 1, Opcode::Read, 0);
         batch.publish(2);
         let calls = Arc::new(AtomicUsize::new(0));
         let counter = calls.clone();
@@ -699,7 +791,7 @@ mod tests {
     fn completion_hooks_run_when_the_deadline_times_tasks_out() {
         let batch = Arc::new(BatchInner::new(1));
         batch.reserve(1).unwrap();
-        batch.start_task(0, 1, Opcode::Read, 1, 0);
+        batch.start_task(0, 1, Opcode::Read, 0);
         batch.publish(1);
         let (tx, rx) = std::sync::mpsc::channel();
         batch.on_complete(Box::new(move || tx.send(()).unwrap()));
@@ -714,7 +806,7 @@ mod tests {
     fn waiters_wake_when_another_thread_completes() {
         let batch = Arc::new(BatchInner::new(1));
         batch.reserve(1).unwrap();
-        batch.start_task(0, 1, Opcode::Read, 1, 0);
+        batch.start_task(0, 1, Opcode::Read, 0);
         batch.publish(1);
         let slice = SliceCompletion::new(batch.clone(), 0);
         let worker = std::thread::spawn(move || {

@@ -129,6 +129,7 @@ impl TransferEngine {
 
     /// What each transport has moved, retried and failed, and how it sees its peers.
     pub fn stats(&self) -> EngineStats {
+        let tally = self.inner.counters.tally();
         EngineStats {
             transports: self
                 .inner
@@ -136,10 +137,14 @@ impl TransferEngine {
                 .iter()
                 .enumerate()
                 .map(|(i, t)| {
-                    TransportStats::new(t.protocol(), self.inner.counters.totals(i), t.report())
+                    TransportStats::new(
+                        t.protocol(),
+                        self.inner.counters.totals(i, &tally),
+                        t.report(),
+                    )
                 })
                 .collect(),
-            latency: self.inner.counters.latencies(),
+            latency: EngineCounters::latencies(&tally),
         }
     }
 

@@ -49,9 +49,9 @@ pub use engine::TransferEngine;
 pub use error::{EngineError, TransferError};
 pub use memory::OwnedBuffer;
 pub use stats::{
-    EngineStats, LATENCY_BUCKETS_US, LatencyStats, LocalCounter, NicStats, PROMETHEUS_CONTENT_TYPE,
-    PeerState, PeerStats, ReportTogether, SIZE_CLASSES, ServedStats, TransportReport,
-    TransportStats,
+    EngineStats, LATENCY_BUCKETS_US, LatencyStats, LocalCounter, MovedCounter, NicStats,
+    PROMETHEUS_CONTENT_TYPE, PeerState, PeerStats, ReportTogether, SIZE_CLASSES, ServedStats,
+    TransportReport, TransportStats,
 };
 pub use tern_memreg::{
     AlignedBuffer, Pinned, PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw,

@@ -3,16 +3,24 @@
 //! per operation and size class) — and all of it as Prometheus text
 //! ([`EngineStats::prometheus`]).
 //!
-//! Counting is meant to cost nothing on the data path: each thread counts into a shard of
-//! its own ([`LocalCounter`]s: a load and a store, no atomic read-modify-write, no shared
-//! cache line), and the shards are summed only when someone asks. A transfer's latency is
-//! timed with one clock reading per submit call and one per task end — or one per poll,
-//! where a transport reports the ends it found together ([`ReportTogether`]) — never per
-//! slice. [`TransferEngineBuilder::metrics`]
+//! Counting is meant to cost nothing on the data path. What the engine counts per
+//! transport and times per task is not counted as it happens: it is read off the tasks
+//! themselves when someone asks ([`Tally`]). A task keeps its bytes and slices in the one
+//! atomic add each slice makes anyway, and its end in the compare-and-swap that ends it,
+//! which also carries when it ended; a submit call records when its tasks started, once
+//! for all of them. So metrics add no atomic operation to a slice or a task: one clock
+//! reading per task end — or per poll, where a transport reports the ends it found together
+//! ([`ReportTogether`]) — and one record per submit call. Live batches are read where they
+//! are; a batch that goes adds its tasks to the engine's totals once. What does not fit a
+//! task's words — slices carried by a transport other than the one their task went to
+//! first, failures — each thread counts into a shard of its own ([`LocalCounter`]s: a load
+//! and a store, no atomic read-modify-write, no shared cache line), summed when asked; a
+//! transport's own per-peer counts are one [`MovedCounter`] store per slice or per poll.
+//! [`TransferEngineBuilder::metrics`]
 //! (crate::TransferEngineBuilder::metrics) turns the engine's own counting off.
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
@@ -22,6 +30,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::MetricType::{Counter as COUNTER, Gauge as GAUGE};
 use prometheus_client::registry::Registry;
 
+use crate::batch::{TaskTable, tally_tasks};
 use crate::types::Opcode;
 
 /// A counter one thread adds to and any thread reads: adding is a relaxed load and store,
@@ -42,6 +51,77 @@ impl LocalCounter {
     /// The count so far.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Bytes and slices moved, in one word that one thread adds to and any thread reads: adding
+/// is one relaxed load and store (bytes in the low 40 bits, slices above), so a transport's per-peer count costs a slice no more than that. Before a field
+/// would overflow (past a TiB, or 16 M slices) the writer moves the word into wide
+/// counters, under a sequence number readers check (a seqlock).
+#[derive(Debug, Default)]
+pub struct MovedCounter {
+    word: AtomicU64,
+    spilled_bytes: AtomicU64,
+    spilled_slices: AtomicU64,
+    /// Odd while the writer moves the word.
+    sequence: AtomicU64,
+}
+
+/// Bits of a [`MovedCounter`]'s word that count bytes.
+const MOVED_BYTES_BITS: u32 = 40;
+const MOVED_BYTES_MAX: u64 = (1 << MOVED_BYTES_BITS) - 1;
+const MOVED_SLICES_MAX: u64 = u64::MAX >> MOVED_BYTES_BITS;
+
+impl MovedCounter {
+    /// Adds `slices` that moved `bytes` in all (from the counter's one writer).
+    pub fn add(&self, bytes: u64, slices: u64) {
+        let word = self.word.load(Ordering::Relaxed);
+        let bytes = (word & MOVED_BYTES_MAX).saturating_add(bytes);
+        let slices = (word >> MOVED_BYTES_BITS).saturating_add(slices);
+        if bytes <= MOVED_BYTES_MAX && slices <= MOVED_SLICES_MAX {
+            self.word
+                .store(slices << MOVED_BYTES_BITS | bytes, Ordering::Relaxed);
+        } else {
+            self.spill(bytes, slices);
+        }
+    }
+
+    /// Moves the word, and what is being added, into the wide counters.
+    #[cold]
+    fn spill(&self, bytes: u64, slices: u64) {
+        let sequence = self.sequence.load(Ordering::Relaxed);
+        self.sequence.store(sequence + 1, Ordering::Relaxed);
+        // Readers that see any store below see the odd sequence (fence to fence).
+        fence(Ordering::Release);
+        let add = |counter: &AtomicU64, n: u64| {
+            counter.store(
+                counter.load(Ordering::Relaxed).wrapping_add(n),
+                Ordering::Relaxed,
+            );
+        };
+        add(&self.spilled_bytes, bytes);
+        add(&self.spilled_slices, slices);
+        self.word.store(0, Ordering::Relaxed);
+        self.sequence.store(sequence + 2, Ordering::Release);
+    }
+
+    /// `(bytes, slices)` so far.
+    pub fn get(&self) -> (u64, u64) {
+        loop {
+            let before = self.sequence.load(Ordering::Acquire);
+            let word = self.word.load(Ordering::Relaxed);
+            let bytes = self.spilled_bytes.load(Ordering::Relaxed);
+            let slices = self.spilled_slices.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if before.is_multiple_of(2) && self.sequence.load(Ordering::Relaxed) == before {
+                return (
+                    bytes.wrapping_add(word & MOVED_BYTES_MAX),
+                    slices.wrapping_add(word >> MOVED_BYTES_BITS),
+                );
+            }
+            // The writer is moving the word: a few instructions, unless it was preempted.
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -66,21 +146,63 @@ fn size_class(len: usize) -> usize {
         .unwrap_or(SIZE_CLASSES.len() - 1)
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Histogram {
     /// Per bucket (not cumulative); the last counts what is above every bound.
-    buckets: [LocalCounter; LATENCY_BUCKETS_US.len() + 1],
-    sum_ns: LocalCounter,
+    buckets: [u64; LATENCY_BUCKETS_US.len() + 1],
+    sum_ns: u64,
 }
 
 impl Histogram {
-    fn record(&self, ns: u64) {
+    fn record(&mut self, ns: u64) {
         let us = ns / 1_000;
         // The first bound not below `us` (the bounds ascend); past the last, the overflow.
         let bucket = LATENCY_BUCKETS_US.partition_point(|&b| b < us);
-        self.buckets[bucket].add(1);
-        self.sum_ns.add(ns);
+        self.buckets[bucket] += 1;
+        self.sum_ns += ns;
     }
+}
+
+/// What tasks moved and how long they took, read off the tasks: per transport `(bytes,
+/// slices)`, and the latency histograms `[read, write][size class]`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tally {
+    moved: Vec<(u64, u64)>,
+    latency: [[Histogram; SIZE_CLASSES.len()]; 2],
+}
+
+impl Tally {
+    /// `bytes` in `slices` went over `transport`.
+    pub(crate) fn moved(&mut self, transport: usize, bytes: u64, slices: u64) {
+        if self.moved.len() <= transport {
+            self.moved.resize(transport + 1, (0, 0));
+        }
+        let cell = &mut self.moved[transport];
+        *cell = (cell.0 + bytes, cell.1 + slices);
+    }
+
+    /// A task of `len` bytes took `ns` to complete.
+    pub(crate) fn took(&mut self, opcode: Opcode, len: u64, ns: u64) {
+        let op = usize::from(opcode == Opcode::Write);
+        self.latency[op][size_class(len as usize)].record(ns);
+    }
+
+    fn of(&self, transport: usize) -> (u64, u64) {
+        self.moved.get(transport).copied().unwrap_or_default()
+    }
+}
+
+/// The tasks an engine reads its tally off: those of live batches, and what batches that
+/// went had tallied.
+#[derive(Debug, Default)]
+struct Ledger {
+    retired: Tally,
+    live: Vec<Arc<TaskTable>>,
+    /// Per transport, the `(bytes, slices)` last shown: a slice carried by another
+    /// transport than its task's first is taken off the first's count a moment after it
+    /// shows on the task, and a reader between the two would see the first's count drop;
+    /// counters never go down, so that reader is shown the count before.
+    shown: Vec<(u64, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -94,8 +216,6 @@ struct TransportCells {
 #[derive(Debug)]
 struct Shard {
     transports: Box<[TransportCells]>,
-    /// `[read, write][size class]`.
-    latency: [[Histogram; SIZE_CLASSES.len()]; 2],
 }
 
 /// How this thread times the tasks it ends: each by a clock reading of its own, or (inside
@@ -189,6 +309,7 @@ pub(crate) struct EngineCounters {
     transports: usize,
     enabled: bool,
     shards: Mutex<Vec<Arc<Shard>>>,
+    ledger: Mutex<Ledger>,
 }
 
 impl Default for EngineCounters {
@@ -204,6 +325,7 @@ impl EngineCounters {
             transports,
             enabled,
             shards: Mutex::new(Vec::new()),
+            ledger: Mutex::default(),
         }
     }
 
@@ -241,7 +363,6 @@ impl EngineCounters {
             transports: (0..self.transports)
                 .map(|_| TransportCells::default())
                 .collect(),
-            latency: Default::default(),
         });
         self.shards
             .lock()
@@ -273,25 +394,41 @@ impl EngineCounters {
         self.enabled
     }
 
-    /// The last slice of a task: `moved` (transport, bytes) if it completed, and the task's
-    /// `(opcode, len, ns)` if it completed the task — counted with one look-up of the shard.
-    pub(crate) fn task_done(
-        &self,
-        moved: Option<(usize, u64)>,
-        took: Option<(Opcode, usize, u64)>,
-    ) {
-        self.with_shard(|shard| {
-            if let Some((transport, bytes)) = moved
-                && let Some(cells) = shard.transports.get(transport)
-            {
-                cells.bytes.add(bytes);
-                cells.slices.add(1);
-            }
-            if let Some((opcode, len, ns)) = took {
-                let op = usize::from(opcode == Opcode::Write);
-                shard.latency[op][size_class(len)].record(ns);
-            }
-        });
+    /// The tasks of a new batch, to be read by [`tally`](Self::tally) while it lives.
+    pub(crate) fn register(&self, tasks: Arc<TaskTable>) {
+        if self.enabled {
+            self.ledger().live.push(tasks);
+        }
+    }
+
+    /// A batch goes: what its tasks did joins the totals, once.
+    pub(crate) fn retire(&self, tasks: &Arc<TaskTable>) {
+        let mut ledger = self.ledger();
+        if let Some(at) = ledger.live.iter().position(|t| Arc::ptr_eq(t, tasks)) {
+            let gone = ledger.live.swap_remove(at);
+            tally_tasks(&gone, &mut ledger.retired);
+        }
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What every task so far moved and took.
+    pub(crate) fn tally(&self) -> Tally {
+        let mut ledger = self.ledger();
+        let mut tally = ledger.retired.clone();
+        for tasks in &ledger.live {
+            tally_tasks(tasks, &mut tally);
+        }
+        let transports = tally.moved.len().max(ledger.shown.len());
+        tally.moved.resize(transports, (0, 0));
+        ledger.shown.resize(transports, (0, 0));
+        for (now, shown) in tally.moved.iter_mut().zip(ledger.shown.iter_mut()) {
+            *now = (now.0.max(shown.0), now.1.max(shown.1));
+            *shown = *now;
+        }
+        tally
     }
 
     fn sum(&self, f: impl Fn(&Shard) -> u64) -> u64 {
@@ -299,26 +436,25 @@ impl EngineCounters {
         shards.iter().map(|s| f(s)).sum()
     }
 
-    /// `(bytes, slices, failures)` of one transport.
-    pub(crate) fn totals(&self, transport: usize) -> (u64, u64, u64) {
+    /// `(bytes, slices, failures)` of one transport, with `tally` from [`tally`](Self::tally).
+    pub(crate) fn totals(&self, transport: usize, tally: &Tally) -> (u64, u64, u64) {
         let of =
             |f: fn(&TransportCells) -> u64| self.sum(|s| s.transports.get(transport).map_or(0, f));
+        let (bytes, slices) = tally.of(transport);
         (
-            of(|c| c.bytes.get()),
-            of(|c| c.slices.get()),
+            bytes + of(|c| c.bytes.get()),
+            slices + of(|c| c.slices.get()),
             of(|c| c.failures.get()),
         )
     }
 
-    /// The latency histograms with something in them.
-    pub(crate) fn latencies(&self) -> Vec<LatencyStats> {
+    /// The latency histograms of `tally` with something in them.
+    pub(crate) fn latencies(tally: &Tally) -> Vec<LatencyStats> {
         let mut out = Vec::new();
         for (op, name) in ["read", "write"].iter().enumerate() {
             for (class, (size, _)) in SIZE_CLASSES.iter().enumerate() {
-                let counts: Vec<u64> = (0..=LATENCY_BUCKETS_US.len())
-                    .map(|b| self.sum(|s| s.latency[op][class].buckets[b].get()))
-                    .collect();
-                let count: u64 = counts.iter().sum();
+                let histogram = &tally.latency[op][class];
+                let count: u64 = histogram.buckets.iter().sum();
                 if count == 0 {
                     continue;
                 }
@@ -327,11 +463,11 @@ impl EngineCounters {
                     size: (*size).to_owned(),
                     buckets: LATENCY_BUCKETS_US
                         .iter()
-                        .zip(&counts)
+                        .zip(&histogram.buckets)
                         .map(|(&le, &n)| (le, n))
                         .collect(),
                     count,
-                    sum_seconds: self.sum(|s| s.latency[op][class].sum_ns.get()) as f64 / 1e9,
+                    sum_seconds: histogram.sum_ns as f64 / 1e9,
                 });
             }
         }
@@ -798,12 +934,52 @@ mod tests {
     }
 
     #[test]
+    fn a_moved_counter_keeps_counting_past_its_word() {
+        let counter = MovedCounter::default();
+        counter.add(10, 1);
+        counter.add(MOVED_BYTES_MAX - 20, 2);
+        assert_eq!(counter.get(), (MOVED_BYTES_MAX - 10, 3));
+        // Past the bytes field: into the wide counters, nothing lost.
+        counter.add(100, 1);
+        assert_eq!(counter.get(), (MOVED_BYTES_MAX + 90, 4));
+        assert_eq!(counter.word.load(Ordering::Relaxed), 0);
+        counter.add(5, 1);
+        assert_eq!(counter.get(), (MOVED_BYTES_MAX + 95, 5));
+        // Past the slices field.
+        counter.add(0, MOVED_SLICES_MAX);
+        assert_eq!(counter.get(), (MOVED_BYTES_MAX + 95, MOVED_SLICES_MAX + 5));
+        // A reader beside a writer that spills often sees only counts that grow.
+        let counter = std::sync::Arc::new(MovedCounter::default());
+        let writer = {
+            let counter = counter.clone();
+            std::thread::spawn(move || {
+                for _ in 0..200_000 {
+                    counter.add(MOVED_BYTES_MAX / 3, 1);
+                }
+            })
+        };
+        let mut last = (0, 0);
+        while !writer.is_finished() {
+            let now = counter.get();
+            assert!(now.0 >= last.0 && now.1 >= last.1, "{last:?} then {now:?}");
+            assert_eq!(
+                now.0,
+                now.1 * (MOVED_BYTES_MAX / 3),
+                "bytes and slices agree"
+            );
+            last = now;
+        }
+        writer.join().unwrap();
+        assert_eq!(counter.get(), (200_000 * (MOVED_BYTES_MAX / 3), 200_000));
+    }
+
+    #[test]
     fn latency_buckets_take_the_first_bound_not_below() {
-        let histogram = Histogram::default();
+        let mut histogram = Histogram::default();
         for us in [0, 5, 6, 10, 11, 10_000_000, 10_000_001] {
             histogram.record(us * 1_000);
         }
-        let counts: Vec<u64> = histogram.buckets.iter().map(LocalCounter::get).collect();
+        let counts = histogram.buckets;
         assert_eq!(counts[0], 2, "0 and 5 µs are in the first bucket (≤ 5)");
         assert_eq!(counts[1], 2, "6 and 10 µs in ≤ 10");
         assert_eq!(counts[2], 1, "11 µs in ≤ 20");

@@ -52,7 +52,6 @@ impl TransferEngine {
         if let Some(timeout) = self.inner.transfer_timeout {
             batch_inner.set_deadline_if_unset(Instant::now() + timeout);
         }
-        let started_ns = batch_inner.start_clock();
         let mut groups: Vec<Vec<Slice>> =
             self.inner.transports.iter().map(|_| Vec::new()).collect();
         // The peer of the request before, and its routes: a batch usually has one peer.
@@ -104,9 +103,7 @@ impl TransferEngine {
                 }
             }
             match prepared {
-                Ok(slices) => {
-                    batch_inner.start_task(task, slices, request.opcode, request.length, started_ns)
-                }
+                Ok((slices, first)) => batch_inner.start_task(task, slices, request.opcode, first),
                 Err(error) => batch_inner.fail_task(task, error),
             }
         }
@@ -120,7 +117,7 @@ impl TransferEngine {
     }
 
     /// Checks one request and cuts it into slices for the best transport to its peer,
-    /// pushed onto that transport's group; returns how many.
+    /// pushed onto that transport's group; returns how many, and that transport.
     fn prepare(
         &self,
         batch: &Arc<BatchInner>,
@@ -129,7 +126,7 @@ impl TransferEngine {
         peer: Option<&(Arc<PeerSegment>, Routes)>,
         group: &mut Option<Arc<Submission>>,
         groups: &mut [Vec<Slice>],
-    ) -> Result<u32, TransferError> {
+    ) -> Result<(u32, usize), TransferError> {
         let len = request.length;
         if len == 0 {
             return Err(TransferError::ZeroLength);
@@ -197,7 +194,7 @@ impl TransferEngine {
                 request.target_offset + offset as u64,
             )
         }));
-        Ok(slices)
+        Ok((slices, transport_index))
     }
 
     /// Submits one request, waits for it, and returns the bytes moved.

@@ -418,13 +418,18 @@ impl Slice {
         let (batch, task, len) = (&submission.batch, self.task as usize, self.len as u64);
         let last = match &outcome {
             Outcome::Done => {
-                let last = batch.slice_progress(task, len);
-                if !last {
+                // What the task's first transport moved is read off the task; a declined
+                // slice's next transport counts its own.
+                if self.rank != 0 {
                     submission.counters.moved(transport, len);
+                    batch.slice_uncredited(task, len);
                 }
-                last
+                batch.slice_progress(task, len)
             }
-            Outcome::Skipped => batch.slice_progress(task, 0),
+            Outcome::Skipped => {
+                batch.slice_uncredited(task, 0);
+                batch.slice_progress(task, 0)
+            }
             Outcome::Failed(_) => {
                 submission.counters.failed(transport);
                 true
@@ -439,9 +444,7 @@ impl Slice {
         drop(submission);
         match outcome {
             Outcome::Failed(error) => batch.fail_task(task, error),
-            // The last slice is counted with the task's timing: one look-up for both.
-            Outcome::Done => batch.complete_task(task, Some((transport, len))),
-            Outcome::Skipped => batch.complete_task(task, None),
+            Outcome::Done | Outcome::Skipped => batch.complete_task(task),
         }
     }
 

@@ -157,6 +157,39 @@ fn a_declined_slice_moves_to_the_next_transport_and_its_task_completes() {
         .find(|t| t.protocol == "far")
         .unwrap();
     assert_eq!((far_stats.slices, far_stats.bytes), (6, 24 << 10));
+    let near_stats = stats
+        .transports
+        .iter()
+        .find(|t| t.protocol == "near")
+        .unwrap();
+    assert_eq!(
+        (near_stats.slices, near_stats.bytes),
+        (0, 0),
+        "what the first transport declined is not counted for it"
+    );
+    let timed = |stats: &tern_engine::EngineStats| -> Vec<(String, String, u64)> {
+        stats
+            .latency
+            .iter()
+            .map(|l| (l.operation.clone(), l.size.clone(), l.count))
+            .collect()
+    };
+    let expected = [
+        ("read".to_owned(), "64KiB".to_owned(), 1),
+        ("write".to_owned(), "64KiB".to_owned(), 1),
+    ];
+    assert_eq!(timed(&stats), expected);
+    // A batch that goes leaves its counts behind, once.
+    engine.free_batch(&batch).unwrap();
+    drop(batch);
+    let after = engine.stats();
+    let far_after = after
+        .transports
+        .iter()
+        .find(|t| t.protocol == "far")
+        .unwrap();
+    assert_eq!((far_after.slices, far_after.bytes), (6, 24 << 10));
+    assert_eq!(timed(&after), expected);
 }
 
 #[test]

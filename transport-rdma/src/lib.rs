@@ -563,8 +563,9 @@ impl Transport for RdmaTransport {
             for (server, counters) in lock(&worker.counters.peers).iter() {
                 peers.entry(server.clone()).or_default();
                 let entry = moved.entry(server.clone()).or_default();
-                entry.0 += counters.0.get();
-                entry.1 += counters.1.get();
+                let (bytes, slices) = counters.get();
+                entry.0 += bytes;
+                entry.1 += slices;
             }
         }
         TransportReport {

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use tern_engine::LocalCounter;
+use tern_engine::{LocalCounter, MovedCounter};
 
 use tern_verbs::{
     Context, DeviceLimits, GidEntry, PathConfig, ProtectionDomain, QpCaps, VerbsError,
@@ -19,13 +19,13 @@ use crate::topology::numa_node_of_nic;
 #[derive(Debug, Default)]
 pub(crate) struct WorkerCounters {
     pub failures: LocalCounter,
-    /// Per peer server: `(bytes, slices)`; a slot looks its entry up once, when it opens.
-    pub peers: Mutex<HashMap<String, Arc<(LocalCounter, LocalCounter)>>>,
+    /// Per peer server; a slot looks its entry up once, when it opens.
+    pub peers: Mutex<HashMap<String, Arc<MovedCounter>>>,
 }
 
 impl WorkerCounters {
     /// The counters of `server`, made on first use.
-    pub fn peer(&self, server: &str) -> Arc<(LocalCounter, LocalCounter)> {
+    pub fn peer(&self, server: &str) -> Arc<MovedCounter> {
         self.peers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -41,7 +41,8 @@ impl WorkerCounters {
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .fold((0, 0), |(bytes, slices), peer| {
-                (bytes + peer.0.get(), slices + peer.1.get())
+                let (peer_bytes, peer_slices) = peer.get();
+                (bytes + peer_bytes, slices + peer_slices)
             })
     }
 }

@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use tern_engine::{LocalCounter, Opcode, Pinned, ReportTogether, Slice, Submission, TransferError};
+use tern_engine::{MovedCounter, Opcode, Pinned, ReportTogether, Slice, Submission, TransferError};
 use tern_verbs::{Completion, CompletionError, CompletionQueue, Outcome, SendOp, SendWork, Sge};
 
 use crate::endpoint::{Endpoint, State};
@@ -166,7 +166,7 @@ struct Slot {
     /// Set once the endpoint is retired here: the slot goes when nothing is in flight.
     retired_at: Option<Instant>,
     /// This worker's `(bytes, slices)` to the endpoint's peer server.
-    moved: Arc<(LocalCounter, LocalCounter)>,
+    moved: Arc<MovedCounter>,
 }
 
 impl Slot {
@@ -545,8 +545,7 @@ impl Worker {
                 (bytes + job.slice.len as u64, slices + 1)
             });
         if slices > 0 {
-            slot.moved.0.add(bytes);
-            slot.moved.1.add(slices);
+            slot.moved.add(bytes, slices);
         }
         for (job, outcome) in retired.drain(..) {
             match outcome {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use tern_engine::{
-    LocalCounter, Opcode, PeerState, PeerStats, ReportTogether, Slice, TransferError,
+    MovedCounter, Opcode, PeerState, PeerStats, ReportTogether, Slice, TransferError,
 };
 use tern_memreg::{RegionIo, wait_ready};
 use tern_metadata::auth::{Channel, ClusterSecret};
@@ -78,8 +78,8 @@ struct PoolShared {
     last_error: Mutex<Option<String>>,
     /// A clone of each lane's current connection, so shutdown can cut I/O in progress.
     open: Mutex<Vec<Option<TcpStream>>>,
-    /// What each lane moved: `(bytes, slices)`, each written by its lane alone.
-    moved: Box<[(LocalCounter, LocalCounter)]>,
+    /// What each lane moved, each written by its lane alone.
+    moved: Box<[MovedCounter]>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -152,8 +152,8 @@ impl Pool {
             peer: self.shared.endpoint.clone(),
             state: PeerState::of(endpoints, 0, last_error.is_some()),
             endpoints,
-            bytes: moved.iter().map(|(b, _)| b.get()).sum(),
-            slices: moved.iter().map(|(_, s)| s.get()).sum(),
+            bytes: moved.iter().map(|m| m.get().0).sum(),
+            slices: moved.iter().map(|m| m.get().1).sum(),
             last_error,
         }
     }
@@ -657,9 +657,8 @@ impl Window {
             }
             if let Some(done) = self.awaiting.pop_front() {
                 self.leave(&done.slice);
-                if let Some((bytes, slices)) = shared.moved.get(lane) {
-                    bytes.add(done.slice.len as u64);
-                    slices.add(1);
+                if let Some(moved) = shared.moved.get(lane) {
+                    moved.add(done.slice.len as u64, 1);
                 }
                 done.slice.complete();
             }
