@@ -99,39 +99,44 @@ impl std::ops::Deref for TaskTable {
 pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
     let split = |word: u64| (word & MAX_TASK_BYTES, word >> PROGRESS_SHIFT);
     let starts = table.starts.lock().unwrap_or_else(|p| p.into_inner());
-    let mut start = starts.iter().peekable();
+    let mut next_start = 0;
     let mut started_ns = 0;
+    // A batch's tasks mostly go to one transport: summed here, added to the tally per run.
+    let (mut run, mut run_bytes, mut run_slices) = (0, 0, 0);
     for (task, t) in table.tasks.iter().enumerate() {
-        while let Some(&&(first, at)) = start.peek()
+        while let Some(&(first, at)) = starts.get(next_start)
             && first <= task
         {
             started_ns = at;
-            start.next();
+            next_start += 1;
         }
         let word = t.state.load(Ordering::Acquire);
-        let first = (word & FIRST_MASK) >> FIRST_SHIFT;
+        let first = ((word & FIRST_MASK) >> FIRST_SHIFT) as usize;
         if first == 0 {
             continue;
         }
         // `uncredited` is added to before `progress` and read after: all of it that this
         // `progress` holds is seen.
-        let (bytes, slices) = split(t.progress.load(Ordering::Acquire));
-        let (other_bytes, other_slices) = split(t.uncredited.load(Ordering::Acquire));
-        tally.moved(
-            first as usize - 1,
-            bytes.saturating_sub(other_bytes),
-            slices.saturating_sub(other_slices),
-        );
+        let (mut bytes, mut slices) = split(t.progress.load(Ordering::Acquire));
+        let (total_bytes, uncredited) = (bytes, t.uncredited.load(Ordering::Acquire));
+        if uncredited != 0 {
+            let (other_bytes, other_slices) = split(uncredited);
+            bytes = bytes.saturating_sub(other_bytes);
+            slices = slices.saturating_sub(other_slices);
+        }
+        if first != run {
+            tally.moved(run.wrapping_sub(1), run_bytes, run_slices);
+            (run, run_bytes, run_slices) = (first, 0, 0);
+        }
+        run_bytes += bytes;
+        run_slices += slices;
         let ended = word >> ENDED_SHIFT;
-        if state_of(word) == COMPLETED && ended != 0 {
-            let opcode = if t.slices_total.load(Ordering::Relaxed) & WRITE_FLAG != 0 {
-                Opcode::Write
-            } else {
-                Opcode::Read
-            };
-            tally.took(opcode, bytes, ended.saturating_sub(started_ns));
+        if ended != 0 && state_of(word) == COMPLETED {
+            let write = t.slices_total.load(Ordering::Relaxed) & WRITE_FLAG != 0;
+            tally.took(write, total_bytes, ended.saturating_sub(started_ns));
         }
     }
+    tally.moved(run.wrapping_sub(1), run_bytes, run_slices);
 }
 
 /// The transports a waiting thread may help ([`Transport::offers_help`]).

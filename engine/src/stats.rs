@@ -31,7 +31,7 @@ use prometheus_client::metrics::MetricType::{Counter as COUNTER, Gauge as GAUGE}
 use prometheus_client::registry::Registry;
 
 use crate::batch::{TaskTable, tally_tasks};
-use crate::types::Opcode;
+use crate::transport::Routes;
 
 /// A counter one thread adds to and any thread reads: adding is a relaxed load and store,
 /// no atomic read-modify-write. If two threads add at once a count may be lost, never more;
@@ -155,9 +155,18 @@ struct Histogram {
 
 impl Histogram {
     fn record(&mut self, ns: u64) {
-        let us = ns / 1_000;
-        // The first bound not below `us` (the bounds ascend); past the last, the overflow.
-        let bucket = LATENCY_BUCKETS_US.partition_point(|&b| b < us);
+        // The first bound not below the whole µs of `ns` (the bounds ascend) — the first
+        // whose next µs starts above `ns`; past the last, the overflow.
+        const ABOVE_NS: [u64; LATENCY_BUCKETS_US.len()] = {
+            let mut above = [0; LATENCY_BUCKETS_US.len()];
+            let mut i = 0;
+            while i < above.len() {
+                above[i] = (LATENCY_BUCKETS_US[i] + 1) * 1_000;
+                i += 1;
+            }
+            above
+        };
+        let bucket = ABOVE_NS.partition_point(|&above| above <= ns);
         self.buckets[bucket] += 1;
         self.sum_ns += ns;
     }
@@ -167,24 +176,21 @@ impl Histogram {
 /// slices)`, and the latency histograms `[read, write][size class]`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Tally {
-    moved: Vec<(u64, u64)>,
+    moved: [(u64, u64); Routes::MAX],
     latency: [[Histogram; SIZE_CLASSES.len()]; 2],
 }
 
 impl Tally {
     /// `bytes` in `slices` went over `transport`.
     pub(crate) fn moved(&mut self, transport: usize, bytes: u64, slices: u64) {
-        if self.moved.len() <= transport {
-            self.moved.resize(transport + 1, (0, 0));
+        if let Some(cell) = self.moved.get_mut(transport) {
+            *cell = (cell.0 + bytes, cell.1 + slices);
         }
-        let cell = &mut self.moved[transport];
-        *cell = (cell.0 + bytes, cell.1 + slices);
     }
 
     /// A task of `len` bytes took `ns` to complete.
-    pub(crate) fn took(&mut self, opcode: Opcode, len: u64, ns: u64) {
-        let op = usize::from(opcode == Opcode::Write);
-        self.latency[op][size_class(len as usize)].record(ns);
+    pub(crate) fn took(&mut self, write: bool, len: u64, ns: u64) {
+        self.latency[usize::from(write)][size_class(len as usize)].record(ns);
     }
 
     fn of(&self, transport: usize) -> (u64, u64) {
@@ -202,7 +208,7 @@ struct Ledger {
     /// transport than its task's first is taken off the first's count a moment after it
     /// shows on the task, and a reader between the two would see the first's count drop;
     /// counters never go down, so that reader is shown the count before.
-    shown: Vec<(u64, u64)>,
+    shown: [(u64, u64); Routes::MAX],
 }
 
 #[derive(Debug, Default)]
@@ -421,9 +427,6 @@ impl EngineCounters {
         for tasks in &ledger.live {
             tally_tasks(tasks, &mut tally);
         }
-        let transports = tally.moved.len().max(ledger.shown.len());
-        tally.moved.resize(transports, (0, 0));
-        ledger.shown.resize(transports, (0, 0));
         for (now, shown) in tally.moved.iter_mut().zip(ledger.shown.iter_mut()) {
             *now = (now.0.max(shown.0), now.1.max(shown.1));
             *shown = *now;

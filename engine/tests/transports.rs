@@ -151,19 +151,9 @@ fn a_declined_slice_moves_to_the_next_transport_and_its_task_completes() {
     assert_eq!(near_done.load(Ordering::Relaxed), 0);
     assert_eq!(far_done.load(Ordering::Relaxed), 6);
     let stats = engine.stats();
-    let far_stats = stats
-        .transports
-        .iter()
-        .find(|t| t.protocol == "far")
-        .unwrap();
-    assert_eq!((far_stats.slices, far_stats.bytes), (6, 24 << 10));
-    let near_stats = stats
-        .transports
-        .iter()
-        .find(|t| t.protocol == "near")
-        .unwrap();
+    assert_eq!(moved_by(&stats, "far"), (6, 24 << 10));
     assert_eq!(
-        (near_stats.slices, near_stats.bytes),
+        moved_by(&stats, "near"),
         (0, 0),
         "what the first transport declined is not counted for it"
     );
@@ -183,13 +173,18 @@ fn a_declined_slice_moves_to_the_next_transport_and_its_task_completes() {
     engine.free_batch(&batch).unwrap();
     drop(batch);
     let after = engine.stats();
-    let far_after = after
+    assert_eq!(moved_by(&after, "far"), (6, 24 << 10));
+    assert_eq!(timed(&after), expected);
+}
+
+/// `(slices, bytes)` that the transport named `protocol` moved.
+fn moved_by(stats: &tern_engine::EngineStats, protocol: &str) -> (u64, u64) {
+    let transport = stats
         .transports
         .iter()
-        .find(|t| t.protocol == "far")
+        .find(|t| t.protocol == protocol)
         .unwrap();
-    assert_eq!((far_after.slices, far_after.bytes), (6, 24 << 10));
-    assert_eq!(timed(&after), expected);
+    (transport.slices, transport.bytes)
 }
 
 #[test]
@@ -423,13 +418,10 @@ fn a_slice_cut_into_pieces_completes_its_task_once_every_piece_has() {
             (120 << 10, 6 << 10),
         ]
     );
-    let stats = engine.stats();
-    let cutter = stats
-        .transports
-        .iter()
-        .find(|t| t.protocol == "cutter")
-        .unwrap();
-    assert_eq!((cutter.slices, cutter.bytes), (7, long as u64 + (6 << 10)));
+    assert_eq!(
+        moved_by(&engine.stats(), "cutter"),
+        (7, long as u64 + (6 << 10))
+    );
 
     // A piece that fails fails its task; the others of the slice change nothing.
     let failing = engine_with([Cutter {
