@@ -51,7 +51,7 @@ pub use memory::OwnedBuffer;
 pub use stats::{
     EngineStats, LATENCY_BUCKETS_US, LatencyStats, LocalCounter, MovedCounter, NicStats,
     PROMETHEUS_CONTENT_TYPE, PeerState, PeerStats, ReportTogether, SIZE_CLASSES, ServedStats,
-    TransportReport, TransportStats,
+    SharedMovedCounter, TransportReport, TransportStats,
 };
 pub use tern_memreg::{
     AlignedBuffer, Pinned, PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw,

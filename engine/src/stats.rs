@@ -55,19 +55,17 @@ impl LocalCounter {
 }
 
 /// Bytes and slices moved, in one word that one thread adds to and any thread reads: adding
-/// is one relaxed load and store (bytes in the low 40 bits, slices above), so a transport's per-peer count costs a slice no more than that. Before a field
-/// would overflow (past a TiB, or 16 M slices) the writer moves the word into wide
-/// counters, under a sequence number readers check (a seqlock).
+/// is one relaxed load and store (bytes in the low 40 bits, slices above), so a transport's
+/// per-peer count costs a slice no more than that. Before a field would overflow (past a
+/// TiB, or 16 M slices) the writer moves the word into wide counters ([`Spilled`]). For a
+/// count that several threads add to, [`SharedMovedCounter`].
 #[derive(Debug, Default)]
 pub struct MovedCounter {
     word: AtomicU64,
-    spilled_bytes: AtomicU64,
-    spilled_slices: AtomicU64,
-    /// Odd while the writer moves the word.
-    sequence: AtomicU64,
+    spilled: Spilled,
 }
 
-/// Bits of a [`MovedCounter`]'s word that count bytes.
+/// Bits of a moved-count word that count bytes.
 const MOVED_BYTES_BITS: u32 = 40;
 const MOVED_BYTES_MAX: u64 = (1 << MOVED_BYTES_BITS) - 1;
 const MOVED_SLICES_MAX: u64 = u64::MAX >> MOVED_BYTES_BITS;
@@ -76,50 +74,117 @@ impl MovedCounter {
     /// Adds `slices` that moved `bytes` in all (from the counter's one writer).
     pub fn add(&self, bytes: u64, slices: u64) {
         let word = self.word.load(Ordering::Relaxed);
-        let bytes = (word & MOVED_BYTES_MAX).saturating_add(bytes);
-        let slices = (word >> MOVED_BYTES_BITS).saturating_add(slices);
-        if bytes <= MOVED_BYTES_MAX && slices <= MOVED_SLICES_MAX {
-            self.word
-                .store(slices << MOVED_BYTES_BITS | bytes, Ordering::Relaxed);
+        let (sum_bytes, sum_slices) = (
+            (word & MOVED_BYTES_MAX).saturating_add(bytes),
+            (word >> MOVED_BYTES_BITS).saturating_add(slices),
+        );
+        if sum_bytes <= MOVED_BYTES_MAX && sum_slices <= MOVED_SLICES_MAX {
+            self.word.store(
+                sum_slices << MOVED_BYTES_BITS | sum_bytes,
+                Ordering::Relaxed,
+            );
         } else {
-            self.spill(bytes, slices);
+            let take = || {
+                self.word.store(0, Ordering::Relaxed);
+                word
+            };
+            self.spilled.spill(take, bytes, slices);
         }
     }
 
-    /// Moves the word, and what is being added, into the wide counters.
+    /// `(bytes, slices)` so far.
+    pub fn get(&self) -> (u64, u64) {
+        self.spilled.read(&self.word)
+    }
+}
+
+/// A [`MovedCounter`] that any number of threads add to: adding is one relaxed
+/// `fetch_add` on the word. Adds of 4 GiB or 64 Ki slices and more go to the wide
+/// counters directly; a writer whose add takes a field past half its range moves the word
+/// there, one writer at a time — so a field overflows only if more than 128 threads add
+/// at once before one of them does.
+#[derive(Debug, Default)]
+pub struct SharedMovedCounter {
+    word: AtomicU64,
+    spilled: Spilled,
+    spilling: Mutex<()>,
+}
+
+impl SharedMovedCounter {
+    /// Adds `slices` that moved `bytes` in all.
+    pub fn add(&self, bytes: u64, slices: u64) {
+        if bytes >= 1 << 32 || slices >= 1 << 16 {
+            let _one = self.spilling.lock().unwrap_or_else(|p| p.into_inner());
+            return self.spilled.spill(|| 0, bytes, slices);
+        }
+        let before = self
+            .word
+            .fetch_add(slices << MOVED_BYTES_BITS | bytes, Ordering::Relaxed);
+        if (before & MOVED_BYTES_MAX) + bytes > MOVED_BYTES_MAX / 2
+            || (before >> MOVED_BYTES_BITS) + slices > MOVED_SLICES_MAX / 2
+        {
+            let _one = self.spilling.lock().unwrap_or_else(|p| p.into_inner());
+            // Another writer may have moved it meanwhile: this moves what is there now.
+            self.spilled
+                .spill(|| self.word.swap(0, Ordering::Relaxed), 0, 0);
+        }
+    }
+
+    /// `(bytes, slices)` so far.
+    pub fn get(&self) -> (u64, u64) {
+        self.spilled.read(&self.word)
+    }
+}
+
+/// The wide counters a moved-count word is moved into before a field overflows, under a
+/// sequence number that readers check (a seqlock). One thread moves at a time.
+#[derive(Debug, Default)]
+struct Spilled {
+    bytes: AtomicU64,
+    slices: AtomicU64,
+    /// Odd while a word is being moved.
+    sequence: AtomicU64,
+}
+
+impl Spilled {
+    /// Adds the word that `take` empties, and `bytes` and `slices`, to the wide counters.
     #[cold]
-    fn spill(&self, bytes: u64, slices: u64) {
+    fn spill(&self, take: impl FnOnce() -> u64, bytes: u64, slices: u64) {
         let sequence = self.sequence.load(Ordering::Relaxed);
         self.sequence.store(sequence + 1, Ordering::Relaxed);
         // Readers that see any store below see the odd sequence (fence to fence).
         fence(Ordering::Release);
+        let word = take();
         let add = |counter: &AtomicU64, n: u64| {
             counter.store(
                 counter.load(Ordering::Relaxed).wrapping_add(n),
                 Ordering::Relaxed,
             );
         };
-        add(&self.spilled_bytes, bytes);
-        add(&self.spilled_slices, slices);
-        self.word.store(0, Ordering::Relaxed);
+        add(&self.bytes, (word & MOVED_BYTES_MAX).wrapping_add(bytes));
+        add(
+            &self.slices,
+            (word >> MOVED_BYTES_BITS).wrapping_add(slices),
+        );
         self.sequence.store(sequence + 2, Ordering::Release);
     }
 
-    /// `(bytes, slices)` so far.
-    pub fn get(&self) -> (u64, u64) {
+    /// `(bytes, slices)` of `word` and the wide counters together, read while no word
+    /// was being moved.
+    fn read(&self, word: &AtomicU64) -> (u64, u64) {
         loop {
             let before = self.sequence.load(Ordering::Acquire);
-            let word = self.word.load(Ordering::Relaxed);
-            let bytes = self.spilled_bytes.load(Ordering::Relaxed);
-            let slices = self.spilled_slices.load(Ordering::Relaxed);
+            let now = word.load(Ordering::Relaxed);
+            let bytes = self.bytes.load(Ordering::Relaxed);
+            let slices = self.slices.load(Ordering::Relaxed);
             fence(Ordering::Acquire);
             if before.is_multiple_of(2) && self.sequence.load(Ordering::Relaxed) == before {
                 return (
-                    bytes.wrapping_add(word & MOVED_BYTES_MAX),
-                    slices.wrapping_add(word >> MOVED_BYTES_BITS),
+                    bytes.wrapping_add(now & MOVED_BYTES_MAX),
+                    slices.wrapping_add(now >> MOVED_BYTES_BITS),
                 );
             }
-            // The writer is moving the word: a few instructions, unless it was preempted.
+            // A word is being moved: a few instructions, unless its mover was preempted.
             std::thread::yield_now();
         }
     }
@@ -945,7 +1010,11 @@ mod tests {
         // Past the bytes field: into the wide counters, nothing lost.
         counter.add(100, 1);
         assert_eq!(counter.get(), (MOVED_BYTES_MAX + 90, 4));
-        assert_eq!(counter.word.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            counter.word.load(Ordering::Relaxed),
+            0,
+            "moved out of the word"
+        );
         counter.add(5, 1);
         assert_eq!(counter.get(), (MOVED_BYTES_MAX + 95, 5));
         // Past the slices field.
@@ -974,6 +1043,37 @@ mod tests {
         }
         writer.join().unwrap();
         assert_eq!(counter.get(), (200_000 * (MOVED_BYTES_MAX / 3), 200_000));
+    }
+
+    #[test]
+    fn a_shared_moved_counter_loses_nothing_to_writers_at_once() {
+        const STEP: u64 = 1 << 31;
+        const ADDS: u64 = 50_000;
+        let counter = std::sync::Arc::new(SharedMovedCounter::default());
+        let writers: Vec<_> = (0..4)
+            .map(|_| {
+                let counter = counter.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..ADDS {
+                        counter.add(STEP, 1);
+                    }
+                })
+            })
+            .collect();
+        let mut last = (0, 0);
+        while !writers.iter().all(|w| w.is_finished()) {
+            let now = counter.get();
+            assert!(now.0 >= last.0 && now.1 >= last.1, "{last:?} then {now:?}");
+            assert_eq!(now.0, now.1 * STEP, "bytes and slices agree");
+            last = now;
+        }
+        for writer in writers {
+            writer.join().unwrap();
+        }
+        assert_eq!(counter.get(), (4 * ADDS * STEP, 4 * ADDS));
+        // An add too large for the word goes to the wide counters whole.
+        counter.add(1 << 45, 3);
+        assert_eq!(counter.get(), (4 * ADDS * STEP + (1 << 45), 4 * ADDS + 3));
     }
 
     #[test]

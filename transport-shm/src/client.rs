@@ -26,7 +26,9 @@ use std::time::{Duration, Instant};
 use std::vec;
 
 use crossbeam_channel::{Receiver, Sender, bounded};
-use tern_engine::{Opcode, PeerSegment, Slice, TransferError, TransportContext};
+use tern_engine::{
+    Opcode, PeerSegment, SharedMovedCounter, Slice, TransferError, TransportContext,
+};
 use tern_memreg::shm::{AttachFailure, MemFd, PeerProcess, SharedMapping, peer_credentials};
 use tern_metadata::auth::{self, Channel, Claims};
 use tern_metadata::rpc::RpcType;
@@ -119,7 +121,7 @@ pub(crate) struct Link {
     refusal: Mutex<Option<String>>,
     io_timeout: Duration,
     /// Bytes and slices moved with the peer (any copy thread may add).
-    moved: (AtomicU64, AtomicU64),
+    moved: SharedMovedCounter,
 }
 
 /// How a peer's plain (not memfd) buffers are reached.
@@ -381,20 +383,25 @@ impl Links {
         table
             .iter()
             .map(|((peer, _), entry)| match entry {
-                Entry::Up(link) => LinkReport {
-                    peer: peer.clone(),
-                    up: link.alive.load(Ordering::Acquire),
-                    mapped: link.maps.read().map_or(0, |m| m.len()),
-                    bytes: link.moved.0.load(Ordering::Relaxed),
-                    slices: link.moved.1.load(Ordering::Relaxed),
-                    error: lock(&link.ended)
-                        .clone()
-                        .or_else(|| lock(&link.refusal).clone())
-                        .or_else(|| match &link.attach {
-                            Attach::Refused(why) => Some(format!("no cross-memory attach: {why}")),
-                            Attach::Process(_) | Attach::SameProcess(_) => None,
-                        }),
-                },
+                Entry::Up(link) => {
+                    let (bytes, slices) = link.moved.get();
+                    LinkReport {
+                        peer: peer.clone(),
+                        up: link.alive.load(Ordering::Acquire),
+                        mapped: link.maps.read().map_or(0, |m| m.len()),
+                        bytes,
+                        slices,
+                        error: lock(&link.ended)
+                            .clone()
+                            .or_else(|| lock(&link.refusal).clone())
+                            .or_else(|| match &link.attach {
+                                Attach::Refused(why) => {
+                                    Some(format!("no cross-memory attach: {why}"))
+                                }
+                                Attach::Process(_) | Attach::SameProcess(_) => None,
+                            }),
+                    }
+                }
                 Entry::Down { reason, .. } => LinkReport {
                     peer: peer.clone(),
                     up: false,
@@ -884,8 +891,7 @@ impl Link {
     /// Counts `slices` that moved `bytes` for the peer (before they complete, so whoever
     /// sees them done sees them counted).
     fn count(&self, bytes: u64, slices: u64) {
-        self.moved.0.fetch_add(bytes, Ordering::Relaxed);
-        self.moved.1.fetch_add(slices, Ordering::Relaxed);
+        self.moved.add(bytes, slices);
     }
 
     /// Completes a slice that moved, counting it for the peer.
