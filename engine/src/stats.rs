@@ -57,7 +57,8 @@ impl LocalCounter {
 /// Bytes and slices moved, in one word that one thread adds to and any thread reads: adding
 /// is one relaxed load and store (bytes in the low 40 bits, slices above), so a transport's
 /// per-peer count costs a slice no more than that. Before a field would overflow (past a
-/// TiB, or 16 M slices) the writer moves the word into wide counters ([`Spilled`]). For a
+/// TiB, or 16 M slices) the writer moves the word into wide counters, under a sequence
+/// number that readers check (a seqlock). For a
 /// count that several threads add to, [`SharedMovedCounter`].
 #[derive(Debug, Default)]
 pub struct MovedCounter {
