@@ -199,6 +199,25 @@ fn two_processes_move_bytes_both_ways_over_memfd_and_cross_memory_attach() {
         local.read_at(4 * MIB + 9, &mut back).unwrap();
         assert!(back == ours, "{memory}: written bytes came back changed");
         moved += 2 * ours.len() as u64;
+        // One block written and read again and again in one batch (a benchmark's reuse):
+        // each slice is cut among the hands on both paths, and the block still lands whole.
+        let block = 256 << 10;
+        let again = remote + 12 * MIB as u64;
+        let writes: Vec<_> = (0..8)
+            .map(|_| TransferRequest::write(local.addr() + 64, peer, again, block))
+            .collect();
+        all_completed(&run(&engine, &writes));
+        let reads: Vec<_> = (0..8)
+            .map(|_| TransferRequest::read(local.addr() + 6 * MIB, peer, again, block))
+            .collect();
+        all_completed(&run(&engine, &reads));
+        let mut block_back = vec![0u8; block];
+        local.read_at(6 * MIB, &mut block_back).unwrap();
+        assert!(
+            block_back == ours[64..64 + block],
+            "{memory}: a block moved again and again came back changed"
+        );
+        moved += 16 * block as u64;
         let shm = stats(&engine, "shm");
         assert_eq!(shm.bytes, moved, "{memory}: {shm:?}");
         assert_eq!(stats(&engine, "tcp").bytes, 0, "{memory}");

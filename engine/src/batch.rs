@@ -510,7 +510,11 @@ impl BatchInner {
         let started = Instant::now();
         let until = started + timeout;
         let spin_until = started + self.spin.min(timeout);
-        while self.unfinished.load(Ordering::Acquire) > 0 {
+        loop {
+            let unfinished = self.unfinished.load(Ordering::Acquire);
+            if unfinished == 0 {
+                break;
+            }
             let now = Instant::now();
             // Work a transport lets a waiter do is better than spinning, and is not bounded
             // by the spin budget (only by the timeout): it moves this batch's bytes or
@@ -521,7 +525,16 @@ impl BatchInner {
             if now >= spin_until {
                 break;
             }
-            std::hint::spin_loop();
+            // With one task left the end is near: watch memory for it. With more, the work
+            // still to do is likely done by threads on this machine's cores (a TCP lane, a
+            // copy hand, the kernel): give them the core at each look instead of taking it
+            // from them. A spinning waiter cost TCP 64 KiB reads 10 % on 2 cores; yielding,
+            // it costs nothing measurable, and a lone task's latency is as before.
+            if unfinished == 1 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
         loop {
             // Outside the wake lock: timing tasks out finishes them, which takes that lock.

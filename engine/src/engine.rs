@@ -144,7 +144,7 @@ impl TransferEngine {
                     )
                 })
                 .collect(),
-            latency: EngineCounters::latencies(&tally),
+            latency: tally.latencies(),
         }
     }
 

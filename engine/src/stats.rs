@@ -58,8 +58,8 @@ impl LocalCounter {
 /// is one relaxed load and store (bytes in the low 40 bits, slices above), so a transport's
 /// per-peer count costs a slice no more than that. Before a field would overflow (past a
 /// TiB, or 16 M slices) the writer moves the word into wide counters, under a sequence
-/// number that readers check (a seqlock). For a
-/// count that several threads add to, [`SharedMovedCounter`].
+/// number that readers check (a seqlock). For a count that several threads add to, see
+/// [`SharedMovedCounter`].
 #[derive(Debug, Default)]
 pub struct MovedCounter {
     word: AtomicU64,
@@ -257,6 +257,32 @@ impl Tally {
     /// A task of `len` bytes took `ns` to complete.
     pub(crate) fn took(&mut self, write: bool, len: u64, ns: u64) {
         self.latency[usize::from(write)][size_class(len as usize)].record(ns);
+    }
+
+    /// The latency histograms with something in them.
+    pub(crate) fn latencies(&self) -> Vec<LatencyStats> {
+        let mut out = Vec::new();
+        for (op, name) in ["read", "write"].iter().enumerate() {
+            for (class, (size, _)) in SIZE_CLASSES.iter().enumerate() {
+                let histogram = &self.latency[op][class];
+                let count: u64 = histogram.buckets.iter().sum();
+                if count == 0 {
+                    continue;
+                }
+                out.push(LatencyStats {
+                    operation: (*name).to_owned(),
+                    size: (*size).to_owned(),
+                    buckets: LATENCY_BUCKETS_US
+                        .iter()
+                        .zip(&histogram.buckets)
+                        .map(|(&le, &n)| (le, n))
+                        .collect(),
+                    count,
+                    sum_seconds: histogram.sum_ns as f64 / 1e9,
+                });
+            }
+        }
+        out
     }
 
     fn of(&self, transport: usize) -> (u64, u64) {
@@ -515,32 +541,6 @@ impl EngineCounters {
             slices + of(|c| c.slices.get()),
             of(|c| c.failures.get()),
         )
-    }
-
-    /// The latency histograms of `tally` with something in them.
-    pub(crate) fn latencies(tally: &Tally) -> Vec<LatencyStats> {
-        let mut out = Vec::new();
-        for (op, name) in ["read", "write"].iter().enumerate() {
-            for (class, (size, _)) in SIZE_CLASSES.iter().enumerate() {
-                let histogram = &tally.latency[op][class];
-                let count: u64 = histogram.buckets.iter().sum();
-                if count == 0 {
-                    continue;
-                }
-                out.push(LatencyStats {
-                    operation: (*name).to_owned(),
-                    size: (*size).to_owned(),
-                    buckets: LATENCY_BUCKETS_US
-                        .iter()
-                        .zip(&histogram.buckets)
-                        .map(|(&le, &n)| (le, n))
-                        .collect(),
-                    count,
-                    sum_seconds: histogram.sum_ns as f64 / 1e9,
-                });
-            }
-        }
-        out
     }
 }
 

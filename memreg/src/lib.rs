@@ -34,5 +34,5 @@ pub use map::{MapError, RegionMap};
 pub use numa::{numa_node_of, resolve_location};
 pub use region::{
     HoldsPin, MemoryError, MemoryRegistry, Pinned, Ready, Region, RegionInfo, RegionIo, RegionPin,
-    RegionSlice, RegisterRaw, Staged, wait_ready,
+    RegionSlice, RegisterRaw, Staged, recv_now, wait_ready,
 };

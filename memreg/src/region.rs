@@ -583,6 +583,25 @@ pub fn wait_ready(
     })
 }
 
+/// One `recv(2)` from `fd` into `buf` that does not wait (`MSG_DONTWAIT`): what has arrived,
+/// up to `buf.len()`; `WouldBlock` if nothing has, 0 at end of stream.
+pub fn recv_now(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`, which is borrowed
+    // mutably for the call; the fd is borrowed, so open.
+    let got = unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(got as usize)
+}
+
 /// A byte stream that registered memory is read into and written from without a Rust
 /// reference to it: sockets through [`RegionSlice::recv_from`] and
 /// [`RegionSlice::send_to`], anything else through [`Staged`]'s bounce buffer.

@@ -402,15 +402,18 @@ enum Spread {
     Stripes,
 }
 
-/// Cross-memory attach pays a system call per piece, so only slices through a mapping
-/// (`mapped`: asked only when it matters) are cut.
+/// Memory reused within the submit is striped on both paths: cross-memory attach moves all
+/// of a hand's pieces in one system call (`write_many`), and two hands on runs of the same
+/// block moved 7–10 GB/s at 1 MiB against 11–14 striped (alternating runs). Long slices and
+/// too few slices are cut only through a mapping (`mapped`: asked only when it matters): over
+/// distinct memory, stripes gained cross-memory attach nothing measurable.
 fn spread(shape: &Shape, hands: usize, mapped: impl FnOnce() -> bool) -> Spread {
     let enough_for_runs = shape.slices >= 2 * hands;
     if hands < 2 || shape.bytes < 2 * STRIPE_PIECE as u64 {
         return Spread::Whole;
     }
     let long = shape.bytes / shape.slices as u64 >= STRIPE_FROM;
-    if (shape.reuse || long || !enough_for_runs) && mapped() {
+    if shape.reuse || ((long || !enough_for_runs) && mapped()) {
         return Spread::Stripes;
     }
     if enough_for_runs {
@@ -752,11 +755,17 @@ mod tests {
             spread(&distinct(128, 64 * KIB), 2, mapped(false)),
             Spread::Runs(2)
         );
-        // One block again and again, long slices, or too few slices: cut, through a mapping
-        // only (cross-memory attach pays a system call per piece).
+        // One block again and again: cut on both paths, without asking. Long slices, or
+        // too few slices: cut through a mapping only.
         let again = writes(&[(0, 64 * KIB); 128]);
+        let before = asked.get();
         assert_eq!(spread(&again, 2, mapped(true)), Spread::Stripes);
-        assert_eq!(spread(&again, 2, mapped(false)), Spread::Runs(2));
+        assert_eq!(spread(&again, 2, mapped(false)), Spread::Stripes);
+        assert_eq!(asked.get(), before);
+        assert_eq!(
+            spread(&distinct(128, 1 << 20), 2, mapped(false)),
+            Spread::Runs(2)
+        );
         assert_eq!(
             spread(&distinct(128, 1 << 20), 2, mapped(true)),
             Spread::Stripes

@@ -25,7 +25,7 @@ use tern_metadata::auth::{Channel, ClusterSecret};
 use tern_metadata::net::{Dial, DialAuth, dial};
 
 use crate::TcpConfig;
-use crate::wire::{HEADER_LEN, Header, OP_READ, OP_V2, OP_WRITE, Status};
+use crate::wire::{FRAME_ALIGN, Header, OP_ALIGNED, OP_READ, OP_V2, OP_WRITE, STATUS_LEN, Status};
 
 /// After a failed connect, further slices to the same peer fail at once for this long
 /// instead of each waiting for its own connect timeout.
@@ -232,14 +232,13 @@ fn still_open(stream: Option<&TcpStream>) -> bool {
 #[derive(Debug)]
 struct Sending {
     slice: Slice,
-    header: [u8; HEADER_LEN],
-    v2: bool,
+    header: Framed,
     sent: usize,
 }
 
 impl Sending {
     fn total(&self) -> usize {
-        HEADER_LEN
+        self.header.len
             + match self.slice.opcode() {
                 Opcode::Write => self.slice.len,
                 Opcode::Read => 0,
@@ -251,8 +250,9 @@ impl Sending {
 #[derive(Debug)]
 struct Awaiting {
     slice: Slice,
-    v2: bool,
-    status: [u8; 8],
+    /// Bytes of its status frame (0 under v1).
+    status_len: usize,
+    status: [u8; FRAME_ALIGN],
     /// Bytes of the status frame received.
     status_got: usize,
     /// Bytes of a read's data received.
@@ -262,11 +262,11 @@ struct Awaiting {
 }
 
 impl Awaiting {
-    fn new(slice: Slice, v2: bool) -> Self {
+    fn new(slice: Slice, status_len: usize) -> Self {
         Self {
             slice,
-            v2,
-            status: [0; 8],
+            status_len,
+            status: [0; FRAME_ALIGN],
             status_got: 0,
             body_got: 0,
             checked: false,
@@ -274,9 +274,20 @@ impl Awaiting {
     }
 }
 
-/// The wire header of `slice`'s request, and whether it speaks v2 (status frames).
-fn request_header(shared: &PoolShared, slice: &Slice) -> ([u8; HEADER_LEN], bool) {
-    let v2 = shared.config.proto_version >= 2 && slice.peer().desc.tcp_proto_version >= 2;
+/// A request header as its framing sends it.
+#[derive(Debug)]
+struct Framed {
+    bytes: [u8; FRAME_ALIGN],
+    /// Bytes of `bytes` sent.
+    len: usize,
+    /// Bytes of each status frame the server sends back (0 under v1).
+    status_len: usize,
+}
+
+/// The wire header of `slice`'s request, in the newest framing both this node and the peer
+/// speak (v3 aligned, v2 with status frames, or v1).
+fn request_header(shared: &PoolShared, slice: &Slice) -> Framed {
+    let version = u32::from(shared.config.proto_version).min(slice.peer().desc.tcp_proto_version);
     let op = match slice.opcode() {
         Opcode::Read => OP_READ,
         Opcode::Write => OP_WRITE,
@@ -284,10 +295,18 @@ fn request_header(shared: &PoolShared, slice: &Slice) -> ([u8; HEADER_LEN], bool
     let header = Header {
         size: slice.len as u64,
         addr: slice.remote_addr,
-        opcode: if v2 { op | OP_V2 } else { op },
+        opcode: match version {
+            0 | 1 => op,
+            2 => op | OP_V2,
+            _ => op | OP_V2 | OP_ALIGNED,
+        },
+    };
+    let (bytes, len) = header.encode_framed();
+    Framed {
+        bytes,
+        len,
+        status_len: header.status_len(),
     }
-    .encode();
-    (header, v2)
 }
 
 /// What one lane has taken on: requests to send, the one being sent, and those awaiting
@@ -484,9 +503,11 @@ impl Window {
                         read.abandon();
                         continue;
                     }
-                    let (header, v2) = request_header(shared, &read);
-                    self.read_headers.extend_from_slice(&header);
-                    self.awaiting.push_back(Awaiting::new(read, v2));
+                    let header = request_header(shared, &read);
+                    self.read_headers
+                        .extend_from_slice(&header.bytes[..header.len]);
+                    self.awaiting
+                        .push_back(Awaiting::new(read, header.status_len));
                 }
                 if !self.read_headers.is_empty() {
                     continue;
@@ -499,21 +520,19 @@ impl Window {
                     slice.abandon();
                     continue;
                 }
-                let (header, v2) = request_header(shared, &slice);
                 self.sending = Some(Sending {
+                    header: request_header(shared, &slice),
                     slice,
-                    header,
-                    v2,
                     sent: 0,
                 });
             }
             let Some(sending) = self.sending.as_mut() else {
                 return Ok(step);
             };
-            let total = sending.total();
+            let (total, header_len) = (sending.total(), sending.header.len);
             while sending.sent < total {
-                let head = &sending.header[sending.sent.min(HEADER_LEN)..];
-                let body_from = sending.sent.saturating_sub(HEADER_LEN);
+                let head = &sending.header.bytes[sending.sent.min(header_len)..header_len];
+                let body_from = sending.sent.saturating_sub(header_len);
                 let result = match sending.slice.opcode() {
                     Opcode::Write => sending
                         .slice
@@ -538,7 +557,8 @@ impl Window {
                 }
             }
             if let Some(done) = self.sending.take() {
-                self.awaiting.push_back(Awaiting::new(done.slice, done.v2));
+                self.awaiting
+                    .push_back(Awaiting::new(done.slice, done.header.status_len));
             }
         }
     }
@@ -547,14 +567,14 @@ impl Window {
     /// right behind it: a write's reply is its status frame alone, so the frames of the
     /// writes at the front can be taken in one read without taking a byte beyond them.
     fn read_statuses(&mut self, stream: &mut TcpStream) -> io::Result<usize> {
-        let mut statuses = [0u8; 8 * PIPELINE_SLICES];
+        let mut statuses = [0u8; FRAME_ALIGN * PIPELINE_SLICES];
         let mut wanted = 0;
         for (i, awaiting) in self.awaiting.iter().enumerate() {
-            let write = awaiting.v2 && awaiting.slice.opcode() == Opcode::Write;
-            if (i > 0 && !write) || wanted + 8 > statuses.len() {
+            let write = awaiting.status_len > 0 && awaiting.slice.opcode() == Opcode::Write;
+            if (i > 0 && !write) || wanted + awaiting.status_len > statuses.len() {
                 break;
             }
-            wanted += 8 - awaiting.status_got;
+            wanted += awaiting.status_len - awaiting.status_got;
             if !write {
                 break;
             }
@@ -562,7 +582,7 @@ impl Window {
         let got = stream.read(&mut statuses[..wanted])?;
         let mut taken = 0;
         for awaiting in self.awaiting.iter_mut() {
-            let room = (8 - awaiting.status_got).min(got - taken);
+            let room = (awaiting.status_len - awaiting.status_got).min(got - taken);
             if room == 0 {
                 break;
             }
@@ -586,7 +606,7 @@ impl Window {
         // Writes whose statuses came in one read ended together: one clock reading times them.
         let mut together: Option<ReportTogether> = None;
         while let Some(front) = self.awaiting.front() {
-            let status_len = if front.v2 { 8 } else { 0 };
+            let status_len = front.status_len;
             let (is_read, len) = (front.slice.opcode() == Opcode::Read, front.slice.len);
             // A write's status comes after its data reached the server, a read's before its
             // data: either way the status is first on the wire for this request.
@@ -609,7 +629,9 @@ impl Window {
             };
             if status_len > 0 && !front.checked {
                 front.checked = true;
-                match Status::decode(front.status) {
+                let mut frame = [0u8; STATUS_LEN];
+                frame.copy_from_slice(&front.status[..STATUS_LEN]);
+                match Status::decode(frame) {
                     Ok(Status::Ok) => {}
                     Ok(Status::AddressRejected) => {
                         let Some(done) = self.awaiting.pop_front() else {

@@ -1,14 +1,18 @@
-//! Tern's TCP transport, speaking Mooncake's TCP data protocol (v2, with v1 fallback).
+//! Tern's TCP transport, speaking Mooncake's TCP data protocol (v2, with v1 fallback) and,
+//! to Tern peers, v3: v2 with frames padded to a cache line.
 //!
 //! Wire format: a 24-byte header `{u64 size, u64 addr, u8 opcode, 7 bytes padding}`,
 //! little-endian, opcode READ 0 / WRITE 1 with the high bit set for v2. A v2 server answers
 //! with an 8-byte status frame `0x4D435456_00000000 | code` ("MCTV"; 0 OK, 1 address
 //! rejected): before READ data, and after WRITE data has landed in memory. v1 has no status.
+//! v3 sets opcode bit `0x40` beside v2's and pads the header and every status frame with
+//! zeros to 64 bytes, so blocks stay on the cache-line grid in the socket buffers
+//! ([`FRAME_ALIGN`]); a request uses the lower of the two ends' `tcp_proto_version`.
 //!
 //! The server checks every request against the registered, remote-accessible memory before
 //! a byte moves, answers "address rejected" and keeps the connection usable. The client keeps
-//! persistent connections, a pool per peer, and stripes slices across them with one slice in
-//! flight per connection; reads land straight in the destination memory and writes are sent
+//! persistent connections, a pool per peer, and stripes slices across them, each connection
+//! pipelining several; reads land straight in the destination memory and writes are sent
 //! straight from the source memory.
 //!
 //! It must not decide what to transfer (the engine checks and slices requests), keep
@@ -41,12 +45,16 @@ fn size_buffers(socket: socket2::SockRef<'_>, bytes: Option<usize>) -> std::io::
     }
     Ok(())
 }
-pub use wire::{HEADER_LEN, Header, OP_READ, OP_V2, OP_WRITE, STATUS_MAGIC, Status};
+pub use wire::{
+    FRAME_ALIGN, HEADER_LEN, Header, OP_ALIGNED, OP_READ, OP_V2, OP_WRITE, STATUS_LEN,
+    STATUS_MAGIC, Status,
+};
 
 /// The protocol name published in descriptors.
 pub const PROTOCOL: &str = "tcp";
 
-/// Environment variable that forces the legacy v1 framing when set to `1` (as Mooncake).
+/// Environment variable that caps the framing: `1` forces the legacy v1 framing (as
+/// Mooncake), `2` Mooncake's v2 without the aligned framing.
 pub const PROTO_ENV: &str = "MC_TCP_PROTO";
 
 /// Environment variable with the number of connections per peer (as Mooncake's lanes).
@@ -78,7 +86,9 @@ pub struct TcpConfig {
     pub idle_timeout: Duration,
     /// Inbound connections served at once; more are closed.
     pub max_inbound: usize,
-    /// Highest protocol version spoken (2, or 1 for legacy peers).
+    /// Highest protocol version spoken and published: 3 (v2 with the aligned framing of
+    /// [`wire`](crate::FRAME_ALIGN)), 2 (Mooncake's status frames) or 1 (legacy). Each request
+    /// uses the lower of this and the peer's published version.
     pub proto_version: u8,
     /// Send and receive buffer size of every data socket, both ways (`None`: the kernel's
     /// autotuning). Small buffers are for tests that want the kernel to push back early.
@@ -94,7 +104,8 @@ impl Default for TcpConfig {
             .unwrap_or_else(default_lanes);
         let proto_version = match std::env::var(PROTO_ENV).as_deref().map(str::trim) {
             Ok("1") => 1,
-            _ => 2,
+            Ok("2") => 2,
+            _ => 3,
         };
         Self {
             ports: PortChoice::default(),

@@ -5,23 +5,32 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tern_engine::ServedStats;
-use tern_memreg::{MemoryRegistry, RegionIo, RegionSlice};
+use tern_memreg::{MemoryRegistry, RegionIo, RegionSlice, recv_now};
 use tern_metadata::auth::{self, Channel, ClusterSecret, Identity};
 use tern_metadata::net::{
     Acceptor, DeadlineRead, Replayed, ServeLimits, Served as Connection, bind_listener, is_tick,
 };
 
 use crate::TcpConfig;
-use crate::wire::{HEADER_LEN, Header, OP_READ, OP_WRITE, Status};
+use crate::wire::{FRAME_ALIGN, HEADER_LEN, Header, OP_READ, OP_WRITE, Status};
 
 /// The body of a rejected write is read and thrown away to keep the stream in step, up to
 /// this size; a larger one closes the connection instead.
 const MAX_DRAIN: u64 = 256 << 20;
+
+/// Status frames of writes a connection holds back at most, to send with the next.
+const HELD_STATUSES: usize = 4;
+
+/// A write's status is held back only while the request behind it, already arrived, is a
+/// write at most this long: it delays the held status by that write's body, a few
+/// microseconds.
+const HOLD_BEHIND: u64 = 256 << 10;
 
 /// The slowest a request body may arrive (or a read reply be taken) on average, on top of
 /// the I/O timeout: a peer trickling bytes holds a connection no longer than that allows.
@@ -56,7 +65,7 @@ impl Server {
             idle_timeout: config.idle_timeout,
             write_timeout: config.io_timeout,
         };
-        let io_timeout = config.io_timeout;
+        let (io_timeout, proto_version) = (config.io_timeout, config.proto_version);
         let counts = Arc::new(ServedCounts::default());
         let served = counts.clone();
         let serve = move |connection: Connection| {
@@ -66,6 +75,7 @@ impl Server {
                 connection,
                 &registry,
                 io_timeout,
+                proto_version,
                 secret.as_ref(),
                 &identity,
                 &served,
@@ -94,6 +104,7 @@ fn serve(
     mut served: Connection,
     registry: &MemoryRegistry,
     io_timeout: Duration,
+    proto_version: u8,
     secret: Option<&ClusterSecret>,
     me: &Identity,
     counts: &ServedCounts,
@@ -113,6 +124,8 @@ fn serve(
     // What arrived beyond the last request: the next headers (a client sends the headers of
     // consecutive reads together) or the start of a write's body, taken in one read.
     let mut staged = Staging::default();
+    // Status frames not sent yet (see `keep_holding`).
+    let mut held = Held::default();
     loop {
         if staged.len() < HEADER_LEN {
             staged.compact();
@@ -127,11 +140,23 @@ fn serve(
                 staged.end += got;
             }
             if staged.len() < HEADER_LEN {
-                let mut frame = served.frame();
-                read_rest(&mut frame, &mut staged)?;
+                read_rest(&mut served.frame(), &mut staged, HEADER_LEN)?;
             }
         }
-        let header = Header::decode(staged.take_header());
+        let header = Header::decode(staged.peek_header());
+        if header.version() > proto_version.max(1) {
+            // As a server of that version would: it knows no such opcode.
+            return Err(format!(
+                "a v{} request to a server that speaks up to v{proto_version}",
+                header.version()
+            ));
+        }
+        let frame_len = header.frame_len();
+        if staged.len() < frame_len {
+            staged.compact();
+            read_rest(&mut served.frame(), &mut staged, frame_len)?;
+        }
+        staged.start += frame_len;
         let deadline = Instant::now()
             + io_timeout
             + Duration::from_secs(header.size.min(MAX_DRAIN) / MIN_BODY_RATE);
@@ -139,8 +164,21 @@ fn serve(
             stream: &mut served.stream,
             deadline,
             staged: &mut staged,
+            held: &mut held,
         };
-        match serve_request(&mut conn, &header, registry)? {
+        let outcome = match serve_request(&mut conn, &header, registry) {
+            Ok(outcome) => outcome,
+            Err(reason) => {
+                // The writes before this request were applied: say so before closing.
+                let _ = conn.send_held();
+                return Err(reason);
+            }
+        };
+        if !conn.held.is_empty() && !keep_holding(&mut conn) {
+            conn.send_held()
+                .map_err(|e| format!("{e} sending status frames"))?;
+        }
+        match outcome {
             Served::Read(bytes) => {
                 counts.reads.fetch_add(1, Ordering::Relaxed);
                 counts.read_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -154,6 +192,47 @@ fn serve(
             }
         }
     }
+}
+
+/// Status frames of writes that the connection has not sent yet, oldest first.
+#[derive(Debug, Default)]
+struct Held {
+    bytes: Vec<u8>,
+    frames: usize,
+}
+
+impl Held {
+    fn is_empty(&self) -> bool {
+        self.frames == 0
+    }
+}
+
+/// Whether the status frames held (a write's, just applied) may wait for the next request's:
+/// only if that request is a short write already arriving, so that the client, busy
+/// sending it, gets both frames in one packet and one wake-up instead of two — and a frame
+/// is never held while the server would wait for the client. On loopback each status frame
+/// sent alone costs the client a wake-up, the most a 64 KiB write paid beyond a plain stream.
+fn keep_holding(conn: &mut Deadlined<'_>) -> bool {
+    if conn.held.frames >= HELD_STATUSES {
+        return false;
+    }
+    let staged = &mut *conn.staged;
+    if staged.len() < FRAME_ALIGN {
+        staged.compact();
+        if let Ok(got) = recv_now(conn.stream.as_fd(), staged.spare()) {
+            staged.end += got;
+        }
+    }
+    if staged.len() < HEADER_LEN {
+        return false;
+    }
+    // The next write's body has begun to arrive: a client sends a write's body with its
+    // header, not after the status of the write before.
+    let next = Header::decode(staged.peek_header());
+    next.operation() == OP_WRITE
+        && next.is_v2()
+        && staged.len() > next.frame_len()
+        && next.size <= HOLD_BEHIND
 }
 
 /// What the server's connections served, summed over all of them (each request costs a
@@ -180,13 +259,18 @@ impl ServedCounts {
     }
 }
 
-/// Reads into `staged` within the frame deadline until it holds a whole header.
-fn read_rest(frame: &mut DeadlineRead<'_, TcpStream>, staged: &mut Staging) -> Result<(), String> {
-    while staged.len() < HEADER_LEN {
+/// Reads into `staged` within the frame deadline until it holds `need` bytes of header
+/// (room for them is behind what it holds).
+fn read_rest(
+    frame: &mut DeadlineRead<'_, TcpStream>,
+    staged: &mut Staging,
+    need: usize,
+) -> Result<(), String> {
+    while staged.len() < need {
         match frame.read(staged.spare()) {
             Ok(0) => {
                 return Err(format!(
-                    "truncated header ({} of {HEADER_LEN} bytes)",
+                    "truncated header ({} of {need} bytes)",
                     staged.len()
                 ));
             }
@@ -194,7 +278,7 @@ fn read_rest(frame: &mut DeadlineRead<'_, TcpStream>, staged: &mut Staging) -> R
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if is_tick(&e) => {
                 return Err(format!(
-                    "silent mid-header ({} of {HEADER_LEN} bytes)",
+                    "silent mid-header ({} of {need} bytes)",
                     staged.len()
                 ));
             }
@@ -246,12 +330,10 @@ impl Staging {
         &mut self.buf[self.end..]
     }
 
-    /// The next header (the caller made sure a whole one is held).
-    fn take_header(&mut self) -> &[u8; HEADER_LEN] {
-        let at = self.start;
-        self.start = (at + HEADER_LEN).min(self.end);
-        self.buf[at..at + HEADER_LEN]
-            .try_into()
+    /// The first [`HEADER_LEN`] bytes held (the caller made sure that many are), left held.
+    fn peek_header(&self) -> &[u8; HEADER_LEN] {
+        self.buf[self.start..]
+            .first_chunk()
             .unwrap_or(&[0; HEADER_LEN])
     }
 
@@ -302,19 +384,20 @@ pub fn serve_request<C: RegionIo + Read + Write>(
                 .map(|pin| (pin, addr, size))
         });
     let io = |e: io::Error| format!("{e} during a {} byte transfer", header.size);
+    let status_len = header.status_len();
+    let (ok, rejected) = (
+        Status::Ok.encode_padded(),
+        Status::AddressRejected.encode_padded(),
+    );
     match (op, pin) {
         (OP_READ, Ok((pin, addr, size))) => {
-            let status = Status::Ok.encode();
-            let prefix: &[u8] = if header.is_v2() { &status } else { &[] };
-            pin.write_prefixed_to(prefix, addr, size, conn)
+            pin.write_prefixed_to(&ok[..status_len], addr, size, conn)
                 .map_err(io)?;
             Ok(Served::Read(header.size))
         }
         (_, Ok((pin, addr, size))) => {
             pin.read_exact_from(addr, size, conn).map_err(io)?;
-            if header.is_v2() {
-                conn.write_all(&Status::Ok.encode()).map_err(io)?;
-            }
+            conn.write_all(&ok[..status_len]).map_err(io)?;
             Ok(Served::Wrote(header.size))
         }
         (_, Err(reason)) if !header.is_v2() => Err(format!(
@@ -326,8 +409,7 @@ pub fn serve_request<C: RegionIo + Read + Write>(
                 header.addr,
                 header.size
             );
-            conn.write_all(&Status::AddressRejected.encode())
-                .map_err(io)?;
+            conn.write_all(&rejected[..status_len]).map_err(io)?;
             Ok(Served::Rejected)
         }
         (_, Err(reason)) => {
@@ -346,23 +428,46 @@ pub fn serve_request<C: RegionIo + Read + Write>(
             if drained != header.size {
                 return Err("peer closed during a rejected write".into());
             }
-            conn.write_all(&Status::AddressRejected.encode())
-                .map_err(io)?;
+            conn.write_all(&rejected[..status_len]).map_err(io)?;
             Ok(Served::Rejected)
         }
     }
 }
 
 /// A served connection under one request's deadline: reads and writes that wake at the
-/// socket's tick go on until the deadline, then fail with `TimedOut`.
+/// socket's tick go on until the deadline, then fail with `TimedOut`. Status frames written
+/// to it are held (`held`), and go out before anything else is sent.
 struct Deadlined<'a> {
     stream: &'a mut TcpStream,
     deadline: Instant,
     /// Taken before the stream.
     staged: &'a mut Staging,
+    held: &'a mut Held,
 }
 
 impl Deadlined<'_> {
+    /// Sends the held status frames.
+    fn send_held(&mut self) -> io::Result<()> {
+        let bytes = std::mem::take(&mut self.held.bytes);
+        let sent = self.write_through(&bytes);
+        self.held.bytes = bytes;
+        self.held.bytes.clear();
+        self.held.frames = 0;
+        sent
+    }
+
+    fn write_through(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        while !bytes.is_empty() {
+            match self.retry(|s| s.write(bytes)) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => bytes = &bytes[n..],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Runs `op` until it does not merely wake at a tick, or the deadline passes.
     fn retry<T>(&mut self, mut op: impl FnMut(&mut TcpStream) -> io::Result<T>) -> io::Result<T> {
         loop {
@@ -392,9 +497,15 @@ impl Read for Deadlined<'_> {
     }
 }
 
+/// What `serve_request` writes is its status frames (a read's data goes by `write_from`):
+/// each is held, and `serve` sends it, or keeps it for the next (`keep_holding`).
 impl Write for Deadlined<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.retry(|s| s.write(buf))
+        if !buf.is_empty() {
+            self.held.bytes.extend_from_slice(buf);
+            self.held.frames += 1;
+        }
+        Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -413,6 +524,9 @@ impl RegionIo for Deadlined<'_> {
     }
 
     fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {
+        if !self.held.is_empty() {
+            self.send_held()?;
+        }
         self.retry(|s| s.write_from(prefix, src))
     }
 }
@@ -427,11 +541,13 @@ mod tests {
         let bytes: Vec<u8> = (0..(2 * HEADER_LEN + 5) as u8).collect();
         staged.spare()[..bytes.len()].copy_from_slice(&bytes);
         staged.end += bytes.len();
-        assert_eq!(&staged.take_header()[..], &bytes[..HEADER_LEN]);
+        assert_eq!(&staged.peek_header()[..], &bytes[..HEADER_LEN]);
+        staged.start += HEADER_LEN;
         assert_eq!(
-            &staged.take_header()[..],
+            &staged.peek_header()[..],
             &bytes[HEADER_LEN..2 * HEADER_LEN]
         );
+        staged.start += HEADER_LEN;
         assert_eq!(staged.held(), &bytes[2 * HEADER_LEN..]);
         staged.compact();
         assert_eq!(staged.start, 0);

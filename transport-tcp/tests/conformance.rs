@@ -1,6 +1,6 @@
 //! The engine's transport conformance suite, on real loopback sockets.
 
-use tern_engine::{TransferEngine, TransferRequest, conformance};
+use tern_engine::{BatchState, TransferEngine, TransferRequest, conformance};
 use tern_transport_tcp::{TcpConfig, TcpTransport};
 
 #[test]
@@ -56,4 +56,78 @@ fn tcp_v1_moves_bytes_in_order_on_one_connection() {
     let mut back = vec![0u8; 4 << 20];
     local.read_at(4 << 20, &mut back).unwrap();
     assert!(back == data, "v1 read-after-write returned other bytes");
+}
+
+/// Each request uses the newest framing both ends speak: a v3 node and a v2 node (which, as
+/// a Mooncake server, drops aligned requests) move bytes both ways, whichever is the target.
+#[test]
+fn tcp_framings_meet_at_the_older_one() {
+    let make = |proto_version| {
+        TransferEngine::builder()
+            .local_server_name("127.0.0.1")
+            .transport(TcpTransport::new(TcpConfig {
+                proto_version,
+                ..TcpConfig::default()
+            }))
+            .build()
+            .unwrap()
+    };
+    for (target_version, initiator_version) in [(2, 3), (3, 2), (3, 3), (1, 3)] {
+        let target = make(target_version);
+        let initiator = make(initiator_version);
+        let remote = target.allocate(2 << 20, "cpu:0").unwrap();
+        let local = initiator.allocate(4 << 20, "cpu:0").unwrap();
+        let peer = initiator.open_segment(target.segment_name()).unwrap();
+        let published = initiator.segment(peer).unwrap().desc.tcp_proto_version;
+        assert_eq!(published, u32::from(target_version));
+        let seed = u64::from(target_version * 4 + initiator_version);
+        let data: Vec<u8> = (0..2 << 20)
+            .map(|i| conformance::pattern_byte(seed, i))
+            .collect();
+        local.write_at(0, &data).unwrap();
+        // Blocks of 64 KiB and an odd tail, several in flight on each connection.
+        let requests = |read: bool| -> Vec<TransferRequest> {
+            let mut at = 0;
+            let mut out = Vec::new();
+            while at < 2 << 20 {
+                let len = if at + (65536 + 100) > 2 << 20 {
+                    (2 << 20) - at
+                } else {
+                    65536 + 100
+                };
+                out.push(if read {
+                    TransferRequest::read(
+                        local.addr() + (2 << 20) + at,
+                        peer,
+                        remote.addr() as u64 + at as u64,
+                        len,
+                    )
+                } else {
+                    TransferRequest::write(
+                        local.addr() + at,
+                        peer,
+                        remote.addr() as u64 + at as u64,
+                        len,
+                    )
+                });
+                at += len;
+            }
+            out
+        };
+        for read in [false, true] {
+            let batch = initiator.allocate_batch(64).unwrap();
+            initiator.submit(&batch, &requests(read)).unwrap();
+            let status = batch.wait(std::time::Duration::from_secs(30));
+            assert!(
+                status.state == BatchState::Completed,
+                "v{target_version} target, v{initiator_version} initiator, read {read}: {status:?}"
+            );
+        }
+        let mut back = vec![0u8; 2 << 20];
+        local.read_at(2 << 20, &mut back).unwrap();
+        assert!(
+            back == data,
+            "v{target_version} target, v{initiator_version} initiator: bytes changed"
+        );
+    }
 }

@@ -53,7 +53,7 @@ fn nodes_publish_under_mooncakes_keys_with_a_lease_and_transfer() {
     assert!(stored.ends_with('\n'));
     let desc = SegmentDesc::from_json(stored.as_bytes()).unwrap();
     assert_eq!(desc.name, name);
-    assert_eq!(desc.tcp_proto_version, 2);
+    assert_eq!(desc.tcp_proto_version, 3);
     assert!(
         desc.buffers
             .iter()

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 use tern_engine::{
     OwnedBuffer, RegisterRaw, SegmentDesc, SegmentId, TransferEngine, TransferRequest,
 };
-use tern_transport_tcp::{Header, OP_READ, OP_V2, OP_WRITE, STATUS_MAGIC, TcpConfig, TcpTransport};
+use tern_transport_tcp::{
+    FRAME_ALIGN, Header, OP_ALIGNED, OP_READ, OP_V2, OP_WRITE, STATUS_MAGIC, TcpConfig,
+    TcpTransport,
+};
 
 const GOLDEN_RPC: &str = include_str!("../../metadata/tests/golden/mooncake-p2p-metadata-rpc.txt");
 
@@ -151,6 +154,153 @@ fn data_port_rejects_bad_ranges_and_keeps_the_connection() {
     conn.read_exact(&mut word).unwrap();
     assert_eq!(&word, b"tern");
     s.still_serves(3);
+}
+
+/// A v3 (aligned) header: the v2 header padded with zeros to a cache line.
+fn aligned_header(size: u64, addr: u64, opcode: u8) -> Vec<u8> {
+    let mut bytes = header(size, addr, opcode | OP_V2 | OP_ALIGNED).to_vec();
+    bytes.resize(FRAME_ALIGN, 0);
+    bytes
+}
+
+/// A v3 status frame: the status word, then zeros to a cache line.
+fn aligned_status(stream: &mut TcpStream) -> u64 {
+    let mut frame = [0u8; FRAME_ALIGN];
+    stream.read_exact(&mut frame).unwrap();
+    assert!(frame[8..].iter().all(|&b| b == 0), "padding is not zero");
+    u64::from_le_bytes(frame[..8].try_into().unwrap())
+}
+
+#[test]
+fn data_port_speaks_the_aligned_framing_beside_v2_on_one_connection() {
+    let s = setup();
+    let base = s.remote.addr() as u64;
+    let mut conn = s.raw();
+    // A v3 write, its header sent in two parts (the padding late): applied, a padded status.
+    let write = aligned_header(4, base + 64, OP_WRITE);
+    conn.write_all(&write[..30]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    conn.write_all(&write[30..]).unwrap();
+    conn.write_all(b"tern").unwrap();
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC);
+    // A v2 read on the same connection: the short frame.
+    conn.write_all(&header(4, base + 64, OP_READ | OP_V2))
+        .unwrap();
+    assert_eq!(status(&mut conn), STATUS_MAGIC);
+    let mut word = [0u8; 4];
+    conn.read_exact(&mut word).unwrap();
+    assert_eq!(&word, b"tern");
+    // v3 reads sent back to back: a padded status before each block; a rejected one between
+    // them is a padded rejection with no block, and the stream stays in step.
+    let mut reads = aligned_header(4, base + 64, OP_READ);
+    reads.extend(aligned_header(16, u64::MAX - 4, OP_READ));
+    reads.extend(aligned_header(2, base + 66, OP_READ));
+    conn.write_all(&reads).unwrap();
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC);
+    conn.read_exact(&mut word).unwrap();
+    assert_eq!(&word, b"tern");
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC | 1);
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC);
+    let mut half = [0u8; 2];
+    conn.read_exact(&mut half).unwrap();
+    assert_eq!(&half, b"rn");
+    // A rejected v3 write: its body drained, a padded rejection, memory untouched.
+    conn.write_all(&aligned_header(100, base + (1 << 20) - 50, OP_WRITE))
+        .unwrap();
+    conn.write_all(&[0xEE; 100]).unwrap();
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC | 1);
+    let mut tail = [0u8; 50];
+    s.remote.read_at((1 << 20) - 50, &mut tail).unwrap();
+    assert!(
+        tail.iter().all(|&b| b == 0),
+        "a rejected write changed memory"
+    );
+    // The aligned bit without v2 is no operation a server knows: the connection goes.
+    conn.write_all(&header(4, base, OP_READ | OP_ALIGNED))
+        .unwrap();
+    expect_closed(&mut conn);
+    s.still_serves(5);
+}
+
+#[test]
+fn a_write_status_waits_only_behind_a_short_write_already_arriving() {
+    let s = setup();
+    let base = s.remote.addr() as u64;
+    let write = |at: u64, len: u64| aligned_header(len, base + at, OP_WRITE);
+    let mut conn = s.raw();
+    // A write with nothing behind it: its status comes.
+    conn.write_all(&[write(0, 4), b"aaaa".to_vec()].concat())
+        .unwrap();
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC);
+    // Behind it the next write's header alone: the server would wait for the client, so the
+    // status comes first.
+    conn.write_all(&[write(0, 4), b"bbbb".to_vec(), write(4, 4)].concat())
+        .unwrap();
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC);
+    conn.write_all(b"cccc").unwrap();
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC);
+    // Behind it a long write already arriving: the status comes before that body is whole.
+    let long = 1 << 19;
+    conn.write_all(
+        &[
+            write(0, 4),
+            b"dddd".to_vec(),
+            write(4096, long),
+            vec![1; 64],
+        ]
+        .concat(),
+    )
+    .unwrap();
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC);
+    conn.write_all(&vec![1; long as usize - 64]).unwrap();
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC);
+    // Behind it a short write already arriving: held until that write is applied too, then
+    // both come, in order, and both writes landed.
+    conn.write_all(&[write(0, 4), b"eeee".to_vec(), write(8, 4), b"f".to_vec()].concat())
+        .unwrap();
+    conn.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut early = [0u8; 1];
+    let held = conn.read(&mut early);
+    assert!(
+        matches!(&held, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
+        "a status came while the write behind it was arriving: {held:?}"
+    );
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(b"fff").unwrap();
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC);
+    assert_eq!(aligned_status(&mut conn), STATUS_MAGIC);
+    let mut landed = [0u8; 12];
+    s.remote.read_at(0, &mut landed).unwrap();
+    assert_eq!(&landed, b"eeeeccccffff");
+    s.still_serves(9);
+}
+
+#[test]
+fn a_server_capped_at_v2_drops_an_aligned_request() {
+    let target = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(TcpTransport::new(TcpConfig {
+            proto_version: 2,
+            ..TcpConfig::default()
+        }))
+        .build()
+        .unwrap();
+    let remote = target.allocate(1 << 20, "cpu:0").unwrap();
+    let desc = target.local_descriptor();
+    assert_eq!(desc.tcp_proto_version, 2);
+    let mut conn = TcpStream::connect(("127.0.0.1", desc.tcp_data_port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(&header(4, remote.addr() as u64, OP_READ | OP_V2))
+        .unwrap();
+    assert_eq!(status(&mut conn), STATUS_MAGIC);
+    let mut word = [0u8; 4];
+    conn.read_exact(&mut word).unwrap();
+    conn.write_all(&aligned_header(4, remote.addr() as u64, OP_READ))
+        .unwrap();
+    expect_closed(&mut conn);
 }
 
 #[test]
@@ -318,7 +468,10 @@ fn rpc_replies_have_mooncakes_shape() {
             let theirs = SegmentDesc::from_json(golden.as_bytes()).unwrap();
             assert_eq!(ours.name, s.target.segment_name());
             assert_eq!(ours.protocol, theirs.protocol);
-            assert_eq!(ours.tcp_proto_version, theirs.tcp_proto_version);
+            // Mooncake's initiators speak v2 to any target that publishes 2 or more; Tern
+            // publishes 3, its aligned framing, which only Tern initiators use.
+            assert_eq!(theirs.tcp_proto_version, 2);
+            assert_eq!(ours.tcp_proto_version, 3);
             assert_eq!(ours.tcp_data_port, s.data_port);
             assert_eq!(
                 ours.buffers[0].name, ours.name,
