@@ -133,7 +133,8 @@ impl TransferEngineBuilder {
 
     /// How long [`Batch::wait`](crate::Batch::wait) polls for completion before it sleeps (default 200 µs, or
     /// `TERN_WAIT_SPIN_US`): a short transfer is then seen done at once instead of after a
-    /// wake-up, at the price of that much CPU per wait.
+    /// wake-up, at the price of that much CPU per wait. With one task left it polls memory;
+    /// with more it yields its core between looks, to threads that may be doing the work.
     pub fn wait_spin(mut self, spin: Duration) -> Self {
         self.wait_spin = spin;
         self
