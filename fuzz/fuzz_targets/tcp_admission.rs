@@ -1,5 +1,6 @@
-//! What the TCP data server does with a stream of requests, without a socket: each 24-byte
-//! header is handed to `tern_transport_tcp::serve_request` — the server's own code, which
+//! What the TCP data server does with a stream of requests, without a socket: each header
+//! (24 bytes, or 64 with the aligned framing's padding, skipped as the server skips it) is
+//! handed to `tern_transport_tcp::serve_request` — the server's own code, which
 //! admits the range against registered memory and moves the bytes — over an in-memory
 //! connection that takes and gives a few bytes per call.
 //!
@@ -7,8 +8,9 @@
 //! header's address is an offset from the first (top bit clear) or the second (top bit set),
 //! wrapping, so every address is reachable. Properties: a request is served exactly when its
 //! range lies wholly inside the remote-accessible region; the private one is never touched; a
-//! read sends the status and exactly the region's bytes; a write lands exactly the bytes sent;
-//! a rejected v2 request is answered "address rejected" and the connection goes on; anything
+//! read sends the status (of its framing's length) and exactly the region's bytes; a write
+//! lands exactly the bytes sent; a rejected v2 or v3 request is answered "address rejected"
+//! and the connection goes on; anything
 //! the server cannot answer closes the connection.
 #![cfg_attr(fuzzing, no_main)]
 
@@ -99,7 +101,10 @@ tern_fuzz::target!(|data| {
     let private_before = bytes_at(fx.private.0, fx.private.1);
     while let Some(bytes) = conn.inner.input.get(..HEADER_LEN) {
         let wire = Header::decode(bytes.try_into().expect("24 bytes"));
-        conn.inner.input = &conn.inner.input[HEADER_LEN..];
+        let Some(rest) = conn.inner.input.get(wire.frame_len()..) else {
+            break;
+        };
+        conn.inner.input = rest;
         let base = if wire.addr >> 63 == 0 {
             fx.open.0
         } else {
@@ -117,12 +122,7 @@ tern_fuzz::target!(|data| {
         let (sent_before, left_before) = (conn.inner.output.len(), conn.inner.input.len());
         let served = serve_request(&mut conn, &header, &fx.registry);
         let sent = &conn.inner.output[sent_before..];
-        let status = |s: Status| {
-            header
-                .is_v2()
-                .then(|| s.encode().to_vec())
-                .unwrap_or_default()
-        };
+        let status = |s: Status| s.encode_padded()[..header.status_len()].to_vec();
         match (admitted, op) {
             (true, OP_READ) => {
                 let served = served.expect("an admitted read is served");
@@ -148,7 +148,7 @@ tern_fuzz::target!(|data| {
                 }
                 let served = served.expect("a rejected v2 request keeps the connection");
                 assert_eq!(served, Served::Rejected);
-                assert_eq!(sent, &Status::AddressRejected.encode()[..]);
+                assert_eq!(sent, &status(Status::AddressRejected)[..]);
                 let drained = left_before - conn.inner.input.len();
                 assert_eq!(drained, if op == OP_WRITE { size } else { 0 });
             }

@@ -323,6 +323,12 @@ struct Window {
     /// Writes in the window, and their bytes.
     writes: usize,
     write_bytes: usize,
+    /// The socket took less than it was given (its send buffer is full) and has not been
+    /// reported writable since: another send now would only fail with `WouldBlock`.
+    send_full: bool,
+    /// The socket gave less than was asked (nothing more had arrived) and has not been
+    /// reported readable since.
+    drained: bool,
 }
 
 /// How one pass over the connection went.
@@ -395,6 +401,8 @@ impl Window {
         self.bytes = 0;
         self.writes = 0;
         self.write_bytes = 0;
+        self.send_full = false;
+        self.drained = false;
     }
 
     /// Runs the window over `stream` until it is empty (taking more slices as room frees up);
@@ -408,6 +416,9 @@ impl Window {
     ) -> bool {
         let io_timeout = shared.config.io_timeout;
         let mut last_progress = Instant::now();
+        // A send or receive the socket cannot serve costs a system call that returns
+        // `WouldBlock`; after a short one the lane waits in poll(2) for that direction instead.
+        (self.send_full, self.drained) = (false, false);
         while !self.is_empty() {
             let outcome = self.send(shared, stream).and_then(|sent| {
                 let received = self.receive(shared, lane, stream)?;
@@ -431,8 +442,12 @@ impl Window {
                         || !self.queued.is_empty()
                         || self.read_headers_sent < self.read_headers.len();
                     let want_read = !self.awaiting.is_empty();
-                    if let Err(e) = wait_ready(stream.as_fd(), want_read, want_write, Some(left)) {
-                        return self.broken(shared, lane, e.to_string());
+                    match wait_ready(stream.as_fd(), want_read, want_write, Some(left)) {
+                        Ok(ready) => {
+                            self.send_full &= !(ready.write || ready.failed);
+                            self.drained &= !(ready.read || ready.failed);
+                        }
+                        Err(e) => return self.broken(shared, lane, e.to_string()),
                     }
                 }
                 Err(Failure::Protocol(message)) => {
@@ -472,14 +487,22 @@ impl Window {
     fn send(&mut self, shared: &PoolShared, stream: &mut TcpStream) -> Result<Step, Failure> {
         let mut step = Step::Blocked;
         loop {
+            if self.send_full {
+                return Ok(step);
+            }
             if self.read_headers_sent < self.read_headers.len() {
+                let unsent = self.read_headers.len() - self.read_headers_sent;
                 match io::Write::write(stream, &self.read_headers[self.read_headers_sent..]) {
                     Ok(0) => return Err(Failure::Io(io::ErrorKind::WriteZero.into())),
                     Ok(n) => {
                         self.read_headers_sent += n;
+                        self.send_full = n < unsent;
                         step = Step::Moved;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(step),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.send_full = true;
+                        return Ok(step);
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(Failure::Io(e)),
                 }
@@ -531,6 +554,9 @@ impl Window {
             };
             let (total, header_len) = (sending.total(), sending.header.len);
             while sending.sent < total {
+                if self.send_full {
+                    return Ok(step);
+                }
                 let head = &sending.header.bytes[sending.sent.min(header_len)..header_len];
                 let body_from = sending.sent.saturating_sub(header_len);
                 let result = match sending.slice.opcode() {
@@ -548,10 +574,14 @@ impl Window {
                 match result {
                     Ok(0) => return Err(Failure::Io(io::ErrorKind::WriteZero.into())),
                     Ok(n) => {
+                        self.send_full = sending.sent + n < total;
                         sending.sent += n;
                         step = Step::Moved;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(step),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.send_full = true;
+                        return Ok(step);
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(Failure::Io(e)),
                 }
@@ -580,6 +610,7 @@ impl Window {
             }
         }
         let got = stream.read(&mut statuses[..wanted])?;
+        self.drained = got < wanted;
         let mut taken = 0;
         for awaiting in self.awaiting.iter_mut() {
             let room = (awaiting.status_len - awaiting.status_got).min(got - taken);
@@ -612,13 +643,19 @@ impl Window {
             // data: either way the status is first on the wire for this request.
             if front.status_got < status_len {
                 drop(together.take());
+                if self.drained {
+                    return Ok(step);
+                }
                 match self.read_statuses(stream) {
                     Ok(0) => return Err(Failure::Io(io::ErrorKind::UnexpectedEof.into())),
                     Ok(_) => {
                         step = Step::Moved;
                         together = Some(ReportTogether::begin());
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(step),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.drained = true;
+                        return Ok(step);
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(Failure::Io(e)),
                 }
@@ -663,13 +700,20 @@ impl Window {
                     )
                     .map_err(|e| Failure::Io(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
                 drop(together.take());
+                if self.drained {
+                    return Ok(step);
+                }
                 match stream.read_into(body) {
                     Ok(0) => return Err(Failure::Io(io::ErrorKind::UnexpectedEof.into())),
                     Ok(n) => {
+                        self.drained = front.body_got + n < len;
                         front.body_got += n;
                         step = Step::Moved;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(step),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.drained = true;
+                        return Ok(step);
+                    }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => return Err(Failure::Io(e)),
                 }
