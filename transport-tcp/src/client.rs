@@ -25,7 +25,7 @@ use tern_metadata::auth::{Channel, ClusterSecret};
 use tern_metadata::net::{Dial, DialAuth, dial};
 
 use crate::TcpConfig;
-use crate::wire::{FRAME_ALIGN, Header, OP_ALIGNED, OP_READ, OP_V2, OP_WRITE, STATUS_LEN, Status};
+use crate::wire::{FRAME_ALIGN, Header, OP_READ, OP_WRITE, Status, version_bits};
 
 /// After a failed connect, further slices to the same peer fail at once for this long
 /// instead of each waiting for its own connect timeout.
@@ -295,11 +295,7 @@ fn request_header(shared: &PoolShared, slice: &Slice) -> Framed {
     let header = Header {
         size: slice.len as u64,
         addr: slice.remote_addr,
-        opcode: match version {
-            0 | 1 => op,
-            2 => op | OP_V2,
-            _ => op | OP_V2 | OP_ALIGNED,
-        },
+        opcode: op | version_bits(version),
     };
     let (bytes, len) = header.encode_framed();
     Framed {
@@ -401,8 +397,6 @@ impl Window {
         self.bytes = 0;
         self.writes = 0;
         self.write_bytes = 0;
-        self.send_full = false;
-        self.drained = false;
     }
 
     /// Runs the window over `stream` until it is empty (taking more slices as room frees up);
@@ -666,9 +660,7 @@ impl Window {
             };
             if status_len > 0 && !front.checked {
                 front.checked = true;
-                let mut frame = [0u8; STATUS_LEN];
-                frame.copy_from_slice(&front.status[..STATUS_LEN]);
-                match Status::decode(frame) {
+                match Status::decode(*front.status.first_chunk().unwrap_or(&[0; 8])) {
                     Ok(Status::Ok) => {}
                     Ok(Status::AddressRejected) => {
                         let Some(done) = self.awaiting.pop_front() else {

@@ -144,7 +144,7 @@ fn serve(
             }
         }
         let header = Header::decode(staged.peek_header());
-        if header.version() > proto_version.max(1) {
+        if header.version() > u32::from(proto_version.max(1)) {
             // As a server of that version would: it knows no such opcode.
             return Err(format!(
                 "a v{} request to a server that speaks up to v{proto_version}",
@@ -217,7 +217,8 @@ fn keep_holding(conn: &mut Deadlined<'_>) -> bool {
         return false;
     }
     let staged = &mut *conn.staged;
-    if staged.len() < FRAME_ALIGN {
+    // Room for the longest header and a byte of its body.
+    if staged.len() <= FRAME_ALIGN {
         staged.compact();
         if let Ok(got) = recv_now(conn.stream.as_fd(), staged.spare()) {
             staged.end += got;
@@ -385,10 +386,7 @@ pub fn serve_request<C: RegionIo + Read + Write>(
         });
     let io = |e: io::Error| format!("{e} during a {} byte transfer", header.size);
     let status_len = header.status_len();
-    let (ok, rejected) = (
-        Status::Ok.encode_padded(),
-        Status::AddressRejected.encode_padded(),
-    );
+    let ok = Status::Ok.encode_padded();
     match (op, pin) {
         (OP_READ, Ok((pin, addr, size))) => {
             pin.write_prefixed_to(&ok[..status_len], addr, size, conn)
@@ -409,7 +407,8 @@ pub fn serve_request<C: RegionIo + Read + Write>(
                 header.addr,
                 header.size
             );
-            conn.write_all(&rejected[..status_len]).map_err(io)?;
+            conn.write_all(&Status::AddressRejected.encode_padded()[..status_len])
+                .map_err(io)?;
             Ok(Served::Rejected)
         }
         (_, Err(reason)) => {
@@ -428,7 +427,8 @@ pub fn serve_request<C: RegionIo + Read + Write>(
             if drained != header.size {
                 return Err("peer closed during a rejected write".into());
             }
-            conn.write_all(&rejected[..status_len]).map_err(io)?;
+            conn.write_all(&Status::AddressRejected.encode_padded()[..status_len])
+                .map_err(io)?;
             Ok(Served::Rejected)
         }
     }

@@ -81,7 +81,7 @@ impl Header {
     }
 
     /// The framing the request uses: 1, 2 or 3 (aligned).
-    pub fn version(&self) -> u8 {
+    pub fn version(&self) -> u32 {
         match (self.is_v2(), self.is_aligned()) {
             (false, _) => 1,
             (true, false) => 2,
@@ -91,30 +91,35 @@ impl Header {
 
     /// Bytes of the request's header on the wire, padding included.
     pub fn frame_len(&self) -> usize {
-        if self.is_aligned() {
-            FRAME_ALIGN
-        } else {
-            HEADER_LEN
+        match self.version() {
+            3 => FRAME_ALIGN,
+            _ => HEADER_LEN,
         }
     }
 
     /// Bytes of each status frame sent back for the request (0 under v1).
     pub fn status_len(&self) -> usize {
-        match (self.is_v2(), self.is_aligned()) {
-            (false, _) => 0,
-            (true, false) => STATUS_LEN,
-            (true, true) => FRAME_ALIGN,
+        match self.version() {
+            1 => 0,
+            2 => STATUS_LEN,
+            _ => FRAME_ALIGN,
         }
     }
 
     /// The operation without the version bits ([`OP_ALIGNED`] counts as one only beside
     /// [`OP_V2`]; without it the opcode is unknown).
     pub fn operation(&self) -> u8 {
-        if self.is_aligned() {
-            self.opcode & !(OP_V2 | OP_ALIGNED)
-        } else {
-            self.opcode & !OP_V2
-        }
+        self.opcode & !version_bits(self.version())
+    }
+}
+
+/// The opcode bits that mark framing `version` (1, 2, 3; higher speaks 3): what
+/// [`Header::version`] reads back.
+pub fn version_bits(version: u32) -> u8 {
+    match version {
+        0 | 1 => 0,
+        2 => OP_V2,
+        _ => OP_V2 | OP_ALIGNED,
     }
 }
 
