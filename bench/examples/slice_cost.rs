@@ -19,6 +19,12 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(100);
+    // Requests per batch: 128 for the per-slice figure, 1 for the per-request one.
+    let per_batch: usize = std::env::args()
+        .nth(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(128)
+        .clamp(1, 128);
     let engine = TransferEngine::builder()
         .local_server_name("127.0.0.1")
         .transport(ThreadedTransport::new(64 << 10))
@@ -26,7 +32,7 @@ fn main() {
         .expect("engine");
     let len = 64 << 10;
     let buffer = engine.allocate(2 * 128 * len, "cpu:0").expect("buffer");
-    let requests: Vec<TransferRequest> = (0..128)
+    let requests: Vec<TransferRequest> = (0..per_batch)
         .map(|i| {
             TransferRequest::write(
                 buffer.addr() + i * len,
@@ -37,10 +43,10 @@ fn main() {
         })
         .collect();
     for _ in 0..batches {
-        let batch = engine.allocate_batch(128).expect("batch");
+        let batch = engine.allocate_batch(per_batch).expect("batch");
         engine.submit(&batch, &requests).expect("submit");
         batch.wait(Duration::from_secs(60));
-        assert_eq!(batch.status().completed, 128);
+        assert_eq!(batch.status().completed, per_batch);
         engine.free_batch(&batch).expect("free");
     }
     drop(buffer);

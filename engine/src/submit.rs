@@ -232,16 +232,19 @@ impl EngineInner {
     /// installed among equals. The first moves its slices; a slice it declines goes to the
     /// next.
     pub(crate) fn routes_to(&self, peer: &SegmentDesc) -> Routes {
-        let mut reach: Vec<(usize, u8)> = self
-            .transports
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.can_reach(peer))
-            .map(|(i, t)| (i, t.priority()))
-            .collect();
-        reach.sort_by_key(|&(i, priority)| (std::cmp::Reverse(priority), i));
+        // On the stack: this runs once per peer in every submit.
+        let mut reach = [(std::cmp::Reverse(0u8), 0usize); Routes::MAX];
+        let mut count = 0;
+        for (i, t) in self.transports.iter().enumerate() {
+            if count < Routes::MAX && t.can_reach(peer) {
+                reach[count] = (std::cmp::Reverse(t.priority()), i);
+                count += 1;
+            }
+        }
+        // Keys are unique (the index breaks ties), so an unstable sort orders as a stable one.
+        reach[..count].sort_unstable();
         let mut routes = Routes::default();
-        for (i, _) in reach {
+        for &(_, i) in &reach[..count] {
             routes.push(i);
         }
         routes

@@ -188,6 +188,36 @@ fn moved_by(stats: &tern_engine::EngineStats, protocol: &str) -> (u64, u64) {
 }
 
 #[test]
+fn among_transports_of_one_priority_the_first_installed_carries_and_a_higher_one_wins() {
+    // Each transport's priority, in the order installed; which carries the two 4 KiB slices.
+    let cases: [(&[u8], &[usize]); 3] = [
+        (&[10, 10], &[2, 0]),
+        (&[10, 10, 30], &[0, 0, 2]),
+        (&[5, 30, 30], &[0, 2, 0]),
+    ];
+    const NAMES: [&str; 3] = ["a", "b", "c"];
+    for (priorities, carried) in cases {
+        let stubs: Vec<Stub> = priorities
+            .iter()
+            .zip(NAMES)
+            .map(|(&priority, name)| Stub::new(name, priority))
+            .collect();
+        let counts: Vec<Arc<AtomicUsize>> = stubs.iter().map(|s| s.completed.clone()).collect();
+        let engine = engine_with(stubs);
+        let buffer = engine.allocate(16 << 10, "cpu:0").unwrap();
+        let request = TransferRequest::write(
+            buffer.addr(),
+            SegmentId::LOCAL,
+            (buffer.addr() + 8192) as u64,
+            8192,
+        );
+        engine.transfer_sync(request).unwrap();
+        let moved: Vec<usize> = counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        assert_eq!(moved, carried, "priorities {priorities:?}");
+    }
+}
+
+#[test]
 fn a_declined_slice_larger_than_the_next_transport_takes_is_cut_again() {
     let mut near = Stub::new("near", 20);
     near.slice_size = 16 << 10;
