@@ -47,13 +47,19 @@ struct Mapped {
     addr: u64,
     /// Its registered length.
     len: u64,
-    mapping: SharedMapping,
-    /// False once revoked or the peer left; copies hold the read side while they run, so
-    /// the revocation (which takes the write side) waits for them.
-    live: RwLock<bool>,
+    /// The mapping until revoked or the peer left, then `None`: copies hold the read side
+    /// while they run, so the revocation (which takes the write side) waits for them and
+    /// then unmaps it at once — not whenever the last holder of this record lets it go,
+    /// which may be a copy thread that has completed its slices and not yet returned.
+    live: RwLock<Option<SharedMapping>>,
 }
 
 impl Mapped {
+    /// Waits for the copies into it to finish, then unmaps it; later copies find it gone.
+    fn unmap(&self) {
+        self.live.write().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
     fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr
             && addr
@@ -505,7 +511,7 @@ impl Link {
         lock(&self.ended).get_or_insert_with(|| why.to_owned());
         let maps = std::mem::take(&mut *self.maps.write().unwrap_or_else(|p| p.into_inner()));
         for mapped in maps {
-            *mapped.live.write().unwrap_or_else(|p| p.into_inner()) = false;
+            mapped.unmap();
         }
         lock(&self.pending).clear();
     }
@@ -515,8 +521,7 @@ impl Link {
         if let Some(at) = maps.iter().position(|m| m.addr == addr) {
             let mapped = maps.remove(at);
             drop(maps);
-            // Waits for copies into it to finish; later ones see it dead.
-            *mapped.live.write().unwrap_or_else(|p| p.into_inner()) = false;
+            mapped.unmap();
         }
     }
 
@@ -569,8 +574,7 @@ impl Link {
         let mapped = Arc::new(Mapped {
             addr,
             len,
-            mapping,
-            live: RwLock::new(true),
+            live: RwLock::new(Some(mapping)),
         });
         let mut maps = self.maps.write().unwrap_or_else(|p| p.into_inner());
         maps.retain(|m| m.addr != addr);
@@ -652,11 +656,11 @@ impl Link {
     ) {
         let inside = |s: &Slice| mapped.contains(s.remote_addr, s.len as u64);
         let live = mapped.live.read().unwrap_or_else(|p| p.into_inner());
-        if !*live {
+        let Some(mapping) = live.as_ref() else {
             back.push(first);
             back.extend(std::iter::from_fn(|| rest.next_if(inside)));
             return;
-        }
+        };
         let mut done = Vec::new();
         let mut bytes = 0u64;
         for slice in std::iter::once(first).chain(std::iter::from_fn(|| rest.next_if(inside))) {
@@ -669,8 +673,8 @@ impl Link {
                 .local()
                 .slice(slice.local_addr, slice.len)
                 .and_then(|local| match slice.opcode() {
-                    Opcode::Write => mapped.mapping.write_from(offset, local),
-                    Opcode::Read => mapped.mapping.read_into(offset, local),
+                    Opcode::Write => mapping.write_from(offset, local),
+                    Opcode::Read => mapping.read_into(offset, local),
                 });
             match outcome {
                 Ok(()) => {

@@ -143,6 +143,40 @@ fn a_buffer_unregistered_while_mapped_is_unmapped_in_the_peer_before_unregisteri
     assert_eq!(mappings_of(inode), 0, "nothing was mapped again");
 }
 
+#[test]
+fn a_buffer_is_unmapped_in_the_peer_once_unregistered_however_soon_after_a_copy() {
+    let target = engine("127.0.0.1");
+    let initiator = engine("127.0.0.1");
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
+    // The copy threads complete their slices and then let the mapping go: unregistering
+    // right after the completion must not find the mapping still held there.
+    for round in 0..200 {
+        let remote = target.allocate(1 << 20, "cpu:0").unwrap();
+        initiator.refresh_segment(peer).unwrap();
+        let inode = inode_at(remote.addr()).unwrap();
+        let writes: Vec<TransferRequest> = (0..16)
+            .map(|i| {
+                let at = i * (64 << 10);
+                TransferRequest::write(
+                    local.addr() + at,
+                    peer,
+                    (remote.addr() + at) as u64,
+                    64 << 10,
+                )
+            })
+            .collect();
+        all_complete(&initiator, &writes);
+        assert_eq!(
+            mappings_of(inode),
+            2,
+            "round {round}: the owner's and the peer's"
+        );
+        drop(remote);
+        assert_eq!(mappings_of(inode), 0, "round {round}");
+    }
+}
+
 /// Runs `requests` in one batch and checks every task completed.
 fn all_complete(engine: &TransferEngine, requests: &[TransferRequest]) {
     let batch = engine.allocate_batch(requests.len()).unwrap();
