@@ -1,4 +1,5 @@
-//! Runs `BATCHES` batches of 128 requests of 64 KiB (one slice each) through the engine with
+//! Runs `BATCHES` batches of 128 requests of 64 KiB (one slice each; a second argument sets
+//! the requests per batch, 1 for the cost of a lone request) through the engine with
 //! a transport that completes slices on another thread, and nothing else: run under
 //! `valgrind --tool=callgrind` at two batch counts, the difference in instructions divided
 //! by the difference in slices is the engine's instruction cost per slice — a figure that,
