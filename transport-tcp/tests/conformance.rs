@@ -60,21 +60,28 @@ fn tcp_v1_moves_bytes_in_order_on_one_connection() {
 
 /// Each request uses the newest framing both ends speak: a v3 node and a v2 node (which, as
 /// a Mooncake server, drops aligned requests) move bytes both ways, whichever is the target.
+///
+/// Toward a v1 target the initiator keeps one connection: a v1 write has no status frame and
+/// completes once its bytes are in the socket, so only on the same connection is a later read
+/// served after the write has landed (on another, the read can overtake it).
 #[test]
 fn tcp_framings_meet_at_the_older_one() {
-    let make = |proto_version| {
+    let make = |proto_version, connections_per_peer| {
         TransferEngine::builder()
             .local_server_name("127.0.0.1")
             .transport(TcpTransport::new(TcpConfig {
                 proto_version,
+                connections_per_peer,
                 ..TcpConfig::default()
             }))
             .build()
             .unwrap()
     };
+    let lanes = TcpConfig::default().connections_per_peer;
     for (target_version, initiator_version) in [(2, 3), (3, 2), (3, 3), (1, 3)] {
-        let target = make(target_version);
-        let initiator = make(initiator_version);
+        let target = make(target_version, lanes);
+        let initiator_lanes = if target_version == 1 { 1 } else { lanes };
+        let initiator = make(initiator_version, initiator_lanes);
         let remote = target.allocate(2 << 20, "cpu:0").unwrap();
         let local = initiator.allocate(4 << 20, "cpu:0").unwrap();
         let peer = initiator.open_segment(target.segment_name()).unwrap();

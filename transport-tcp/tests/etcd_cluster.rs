@@ -226,7 +226,9 @@ fn watches_refresh_evict_and_revive_cached_segments() {
         status,
         TransferStatus::Failed(TransferError::SegmentVanished(name.clone()))
     );
-    assert!(started.elapsed() < Duration::from_secs(1));
+    // No connection is tried for a vanished segment: the bound only tells a fast failure from
+    // a transfer that waited out its 30 s, with room for a loaded machine.
+    assert!(started.elapsed() < Duration::from_secs(10));
 
     // It comes back (a restart, new buffers, a new port): usable without reopening.
     let reborn = node(&endpoint, &name, StoreOptions::default());
