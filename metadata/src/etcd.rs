@@ -1,7 +1,8 @@
 //! The etcd store: Mooncake's key layout, plus what Mooncake lacks — every key this node
 //! writes lives under a lease that is kept alive, so a dead node's keys vanish within the TTL;
 //! a lost lease or an etcd restart is healed by re-granting and re-publishing; and a watch on
-//! the prefix tells caches about every change.
+//! the prefix tells caches about every change. With a cluster secret, a node that sees one of
+//! its keys overwritten with anything but a newer value of its own name puts its value back.
 //!
 //! The tokio runtime etcd-client needs lives inside this store; callers see blocking calls.
 //!
@@ -204,15 +205,16 @@ impl EtcdStore {
         Self::connect_sealed(config, None)
     }
 
-    /// As [`connect`](Self::connect); with `secret`, every value written is sealed and every
-    /// value read (watched changes included) must verify ([`crate::seal`]).
+    /// As [`connect`](Self::connect); with `secret`, every value written is sealed (ordered in
+    /// this store's own incarnation) and every value read (watched changes included) must
+    /// verify and be no older than the newest read before of its key ([`crate::seal`]).
     pub fn connect_sealed(
         config: EtcdConfig,
         secret: Option<crate::auth::ClusterSecret>,
     ) -> Result<Self, MetadataError> {
         let codec = Arc::new(Codec {
             cluster_id: config.cluster_id.clone(),
-            secret,
+            sealer: secret.map(|secret| Arc::new(crate::seal::Sealer::new(secret))),
         });
         let kv = EtcdKv::connect(config, codec.clone())?;
         Ok(Self { kv, codec })
@@ -505,6 +507,9 @@ async fn watch_loop(shared: Arc<Shared>) {
                     if let Some(event) = shared.codec.event(key, kv.value(), deleted) {
                         emit(&shared, event);
                     }
+                    if !deleted {
+                        restore_if_overwritten(&shared, key, kv.value()).await;
+                    }
                 }
             }
         }
@@ -514,6 +519,45 @@ async fn watch_loop(shared: Arc<Shared>) {
             () = shared.stop.notified() => return,
         }
         backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// With a cluster secret: a key this node publishes, seen overwritten with a value that is
+/// not a newer one of its own name (a replay of an older one, or a forgery), gets this node's
+/// value back, so that nodes that start meanwhile do not take the replay. Another life of the
+/// same name that started later is left alone.
+async fn restore_if_overwritten(shared: &Shared, key: &str, value: &[u8]) {
+    let Some(sealer) = shared.codec.sealer.as_ref() else {
+        return;
+    };
+    let ours = || lock(&shared.published).get(key).cloned();
+    let Some(mine) = ours() else { return };
+    if mine.as_bytes() == value || sealer.outranks(key, value, mine.as_bytes()) {
+        return;
+    }
+    // The echo of an earlier put of this node's, overtaken since, is no overwrite.
+    let mut client = shared.client.clone();
+    let current = tokio::time::timeout(shared.config.timeout, client.get(key, None)).await;
+    if let Ok(Ok(reply)) = &current
+        && reply
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.value() == mine.as_bytes())
+    {
+        return;
+    }
+    // Withdrawn meanwhile: not to be put back.
+    if shared.stopped.load(Ordering::Acquire) || ours().as_ref() != Some(&mine) {
+        return;
+    }
+    tracing::warn!(
+        "etcd {}: {key} was overwritten with a value this node did not write last (a replay?); \
+         putting its own back",
+        shared.endpoint
+    );
+    if let Err(e) = put_leased(shared, key, &mine).await {
+        shared.dirty.store(true, Ordering::Release);
+        tracing::warn!("etcd {}: putting {key} back failed: {e}", shared.endpoint);
     }
 }
 

@@ -6,13 +6,14 @@
 //!
 //! With a cluster secret, the client seals every value it writes and checks every value it
 //! reads ([`crate::seal`]), and sends a delete token with every DELETE; the server, given the
-//! secret, refuses writes whose value does not verify and deletes without a valid token. The
+//! secret, refuses writes whose value does not verify or is older than the value it holds for
+//! the key (or last deleted there), and deletes without a token for the very value held. The
 //! server holds at most [`MAX_ENTRIES`] keys and serves at most `max_connections` clients at
 //! once, each request within a deadline from its first byte. Every Tern HTTP listener also
 //! answers `GET /metrics` (Prometheus text): the server its own counts, a
 //! [`MetricsServer`] whatever it is given to render.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
@@ -29,7 +30,7 @@ use crate::error::MetadataError;
 use crate::keyed::{Codec, KeyValue, KeyedStore};
 use crate::keys;
 use crate::net::{Acceptor, Dial, Replayed, ServeLimits, Served, dial};
-use crate::seal;
+use crate::seal::{self, Order, Succession};
 
 /// Most keys the server holds by default; a PUT of a new key beyond it is refused (507).
 pub const MAX_ENTRIES: usize = 65536;
@@ -90,8 +91,8 @@ pub struct HttpKv {
     path: String,
     connect_timeout: Duration,
     timeout: Duration,
-    /// Signs deletes (values are sealed by the codec).
-    secret: Option<ClusterSecret>,
+    /// Signs deletes (values are sealed by the codec, with the same sealer).
+    sealer: Option<Arc<seal::Sealer>>,
 }
 
 impl HttpStore {
@@ -118,13 +119,13 @@ impl HttpStore {
             path: format!("/{path}"),
             connect_timeout: Duration::from_millis(1500),
             timeout: Duration::from_secs(3),
-            secret: None,
+            sealer: None,
         };
         let codec = Codec {
             cluster_id: std::env::var(keys::CLUSTER_ID_ENV)
                 .ok()
                 .filter(|c| !c.is_empty()),
-            secret: None,
+            sealer: None,
         };
         Ok(Self {
             kv,
@@ -137,10 +138,12 @@ impl HttpStore {
         Arc::make_mut(&mut self.codec).cluster_id = cluster_id.filter(|c| !c.is_empty());
     }
 
-    /// Seals what is written, checks what is read and signs deletes with `secret`.
+    /// Seals what is written, checks what is read and signs deletes with `secret`, in an
+    /// incarnation of its own: a store is one life of a node ([`seal::Sealer`]).
     pub fn set_secret(&mut self, secret: Option<ClusterSecret>) {
-        Arc::make_mut(&mut self.codec).secret = secret.clone();
-        self.kv.secret = secret;
+        let sealer = secret.map(|secret| Arc::new(seal::Sealer::new(secret)));
+        Arc::make_mut(&mut self.codec).sealer = sealer.clone();
+        self.kv.sealer = sealer;
     }
 }
 
@@ -161,10 +164,11 @@ impl HttpKv {
         method: &str,
         key: &str,
         body: Option<&str>,
+        token: Option<&str>,
     ) -> Result<(u16, Vec<u8>), MetadataError> {
         let mut resends = 0;
         loop {
-            match self.request_once(method, key, body) {
+            match self.request_once(method, key, body, token) {
                 Ok(reply) => return Ok(reply),
                 Err(Attempt::Dropped(e)) if resends < RESENDS => {
                     tracing::debug!("{method} {key:?}: {e}; sending again");
@@ -181,6 +185,7 @@ impl HttpKv {
         method: &str,
         key: &str,
         body: Option<&str>,
+        token: Option<&str>,
     ) -> Result<(u16, Vec<u8>), Attempt> {
         let authority = format!("{}:{}", self.host, self.port);
         let dialing = Dial {
@@ -195,14 +200,9 @@ impl HttpKv {
             })
         })?;
         let body = body.unwrap_or("");
-        let token = match (&self.secret, method) {
-            (Some(secret), "DELETE") => format!(
-                "{}: {}\r\n",
-                seal::DELETE_HEADER,
-                seal::delete_token(secret, key)
-            ),
-            _ => String::new(),
-        };
+        let token = token
+            .map(|token| format!("{}: {token}\r\n", seal::DELETE_HEADER))
+            .unwrap_or_default();
         let request = format!(
             "{method} {}?key={} HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n{token}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             self.path,
@@ -241,7 +241,7 @@ impl KeyValue for HttpKv {
     }
 
     fn put(&self, key: String, value: String) -> Result<(), MetadataError> {
-        match self.request("PUT", &key, Some(&value))? {
+        match self.request("PUT", &key, Some(&value), None)? {
             (200, _) => Ok(()),
             (status, body) => Err(self.store_error(format!(
                 "PUT {key:?} answered {status}: {}",
@@ -251,8 +251,32 @@ impl KeyValue for HttpKv {
     }
 
     fn delete(&self, key: &str) -> Result<(), MetadataError> {
-        match self.request("DELETE", key, None)? {
-            (200 | 404, _) => Ok(()),
+        // The token names the value this node last wrote there; without one (this node wrote
+        // none), the value found there.
+        let token = match &self.sealer {
+            None => None,
+            Some(sealer) => match sealer.delete_token(key) {
+                Some(token) => Some(token),
+                None => match self.get(key)? {
+                    None => return Ok(()),
+                    Some(value) => {
+                        Some(sealer.delete_token_for(key, &value).map_err(|source| {
+                            MetadataError::Seal {
+                                key: key.to_owned(),
+                                source,
+                            }
+                        })?)
+                    }
+                },
+            },
+        };
+        match self.request("DELETE", key, None, token.as_deref())? {
+            (200 | 404, _) => {
+                if let Some(sealer) = &self.sealer {
+                    sealer.forget_sealed(key);
+                }
+                Ok(())
+            }
             (status, body) => Err(self.store_error(format!(
                 "DELETE {key:?} answered {status}: {}",
                 String::from_utf8_lossy(&body)
@@ -261,7 +285,7 @@ impl KeyValue for HttpKv {
     }
 
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, MetadataError> {
-        match self.request("GET", key, None)? {
+        match self.request("GET", key, None, None)? {
             (200, body) => Ok(Some(body)),
             (404, _) => Ok(None),
             (status, _) => Err(self.store_error(format!("GET {key:?} answered {status}"))),
@@ -464,6 +488,18 @@ struct Table {
     entries: HashMap<String, Vec<u8>>,
     /// Bytes of all values held.
     bytes: usize,
+    /// With a secret: the order of the value held at each key, or of the one last deleted
+    /// there (a tombstone).
+    orders: HashMap<String, HeldOrder>,
+    /// Tombstones in the order they were made, to forget the oldest first.
+    tombstones: VecDeque<(String, Order)>,
+}
+
+/// The order a key's value has, or had until it was deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HeldOrder {
+    order: Order,
+    deleted: bool,
 }
 
 impl HttpMetadataServer {
@@ -573,6 +609,8 @@ fn serve_one(mut served: Served, answer: &impl Fn(HttpRequest) -> Reply) {
     let mut frame = served.frame();
     let mut reader = BufReader::new(Replayed::new(&first, &mut frame));
     let reply = match parse_http_request(&mut reader) {
+        // The request is in: the connection takes a slot of the listener's (or is closed).
+        Ok(_) if !frame.opened() => return,
         Ok(request) => answer(request),
         Err(message) => {
             tracing::warn!("http: bad request from {peer}: {message}");
@@ -690,24 +728,34 @@ fn handle_request(
         tracing::warn!("http metadata: refusing {what} {key:?}: {e}");
         Reply::json(403, format!("{what} refused: {e}"))
     };
-    match (method.as_str(), secret) {
-        ("PUT", Some(secret)) => {
-            if let Err(e) = seal::verify(secret, &key, &body) {
-                return refused("PUT", e);
-            }
-        }
+    // The MACs first, outside the lock; the orders against what is held, under it.
+    let order = match (method.as_str(), secret) {
+        ("PUT", Some(secret)) => match seal::verify(secret, &key, &body) {
+            Ok(order) => Some(order),
+            Err(e) => return refused("PUT", e),
+        },
         ("DELETE", Some(secret)) => {
             let checked = token
                 .as_deref()
                 .ok_or(seal::SealError::BadToken("no token"))
                 .and_then(|token| seal::verify_delete(secret, &key, token));
-            if let Err(e) = checked {
-                return refused("DELETE", e);
+            match checked {
+                Ok(order) => Some(order),
+                Err(e) => return refused("DELETE", e),
             }
         }
-        _ => {}
-    }
+        _ => None,
+    };
     let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(order) = order
+        && let Err(e) = table.admit(&method, &key, &body, order)
+    {
+        return match e {
+            // Nothing held to delete: as without a secret.
+            Admission::NothingHeld => Reply::json(404, "metadata not found"),
+            Admission::Refused(e) => refused(&method, e),
+        };
+    }
     let reply = match method.as_str() {
         "GET" => match table.entries.get(&key) {
             Some(value) => Reply::json(200, value.clone()),
@@ -719,6 +767,15 @@ fn handle_request(
         }
         "PUT" => {
             table.bytes += body.len();
+            if let Some(order) = order {
+                table.orders.insert(
+                    key.clone(),
+                    HeldOrder {
+                        order,
+                        deleted: false,
+                    },
+                );
+            }
             if let Some(old) = table.entries.insert(key, body) {
                 table.bytes -= old.len();
             }
@@ -727,6 +784,9 @@ fn handle_request(
         "DELETE" => match table.entries.remove(&key) {
             Some(old) => {
                 table.bytes -= old.len();
+                if let Some(order) = order {
+                    table.bury(key, order, max_entries);
+                }
                 Reply::json(200, "metadata deleted")
             }
             None => Reply::json(404, "metadata not found"),
@@ -736,6 +796,77 @@ fn handle_request(
     metrics.entries.set(table.entries.len() as i64);
     metrics.bytes.set(table.bytes as i64);
     reply
+}
+
+/// Why a sealed write or a tokened delete is not applied.
+enum Admission {
+    /// A delete of a key that holds no value.
+    NothingHeld,
+    /// Refused, for this reason.
+    Refused(seal::SealError),
+}
+
+impl Table {
+    /// Whether a sealed PUT of `body` (of `order`), or a DELETE with a token naming `order`,
+    /// may go ahead given what is held for `key`.
+    fn admit(&self, method: &str, key: &str, body: &[u8], order: Order) -> Result<(), Admission> {
+        let held = self.orders.get(key);
+        match (method, held) {
+            ("PUT", None) => Ok(()),
+            ("PUT", Some(held)) => match order.succession(&held.order) {
+                Succession::Newer => Ok(()),
+                // A request sent again (its answer was lost): the very value held.
+                Succession::Same
+                    if !held.deleted
+                        && self.entries.get(key).is_some_and(|v| v[..] == body[..]) =>
+                {
+                    Ok(())
+                }
+                _ => Err(Admission::Refused(seal::SealError::Stale {
+                    offered: order,
+                    held: held.order,
+                })),
+            },
+            ("DELETE", Some(held)) if held.order == order && !held.deleted => Ok(()),
+            ("DELETE", Some(held)) if held.order == order => {
+                Err(Admission::Refused(seal::SealError::TokenSpent(order)))
+            }
+            ("DELETE", Some(held)) if !held.deleted => {
+                Err(Admission::Refused(seal::SealError::TokenForAnotherValue {
+                    named: order,
+                    held: held.order,
+                }))
+            }
+            ("DELETE", _) => Err(Admission::NothingHeld),
+            _ => Ok(()),
+        }
+    }
+
+    /// Keeps the order of the value deleted at `key`, so that neither that value (nor an
+    /// older one) can be put back nor its token used again; the oldest of more than
+    /// `max_entries` tombstones is forgotten.
+    fn bury(&mut self, key: String, order: Order, max_entries: usize) {
+        self.orders.insert(
+            key.clone(),
+            HeldOrder {
+                order,
+                deleted: true,
+            },
+        );
+        self.tombstones.push_back((key, order));
+        while self.tombstones.len() > max_entries.max(1) {
+            let Some((key, order)) = self.tombstones.pop_front() else {
+                break;
+            };
+            let buried = HeldOrder {
+                order,
+                deleted: true,
+            };
+            if self.orders.get(&key) == Some(&buried) {
+                self.orders.remove(&key);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -826,6 +957,45 @@ mod tests {
             parse_response(&mut &b"HTTP/1.1 404 Not Found\r\n\r\ngone"[..]).unwrap(),
             (404, b"gone".to_vec())
         );
+    }
+
+    #[test]
+    fn tombstones_refuse_what_was_deleted_and_the_oldest_is_forgotten_first() {
+        let order = |started_ns, counter| Order {
+            incarnation: seal::Incarnation {
+                started_ns,
+                nonce: 7,
+            },
+            counter,
+        };
+        let mut table = Table::default();
+        for key in ["a", "b"] {
+            table.orders.insert(
+                key.into(),
+                HeldOrder {
+                    order: order(10, 1),
+                    deleted: false,
+                },
+            );
+        }
+        table.bury("a".into(), order(10, 1), 1);
+        let stale = |table: &Table, key| {
+            matches!(
+                table.admit("PUT", key, b"{}", order(10, 1)),
+                Err(Admission::Refused(seal::SealError::Stale { .. }))
+            )
+        };
+        assert!(stale(&table, "a"));
+        assert!(matches!(
+            table.admit("DELETE", "a", b"", order(10, 1)),
+            Err(Admission::Refused(seal::SealError::TokenSpent(_)))
+        ));
+        assert!(table.admit("PUT", "a", b"{}", order(11, 1)).is_ok());
+        // One tombstone at most: burying "b" forgets "a"'s.
+        table.bury("b".into(), order(10, 1), 1);
+        assert!(stale(&table, "b"));
+        assert!(!table.orders.contains_key("a"));
+        assert!(table.admit("PUT", "a", b"{}", order(10, 1)).is_ok());
     }
 
     #[test]

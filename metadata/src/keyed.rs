@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use crate::auth::ClusterSecret;
 use crate::desc::{DescriptorError, SegmentDesc};
 use crate::error::MetadataError;
 use crate::keys::{self, KeyKind};
@@ -12,14 +11,14 @@ use crate::seal;
 use crate::store::{MetadataEvent, MetadataListener, MetadataStore, RpcMeta};
 
 /// A store's keys and values: Mooncake's layout under an optional cluster ID, Mooncake's
-/// JSON, and — with a cluster secret — a MAC on every value written and demanded of every
-/// value read ([`seal`]).
+/// JSON, and — with a cluster secret — an order and a MAC on every value written, demanded of
+/// every value read, which must not be older than what was read of its key before ([`seal`]).
 #[derive(Debug, Clone, Default)]
 pub struct Codec {
     /// Scopes every key (`MC_METADATA_CLUSTER_ID`).
     pub cluster_id: Option<String>,
-    /// Seals what is written and checks what is read.
-    pub secret: Option<ClusterSecret>,
+    /// Seals what is written and checks what is read (MAC and order).
+    pub sealer: Option<Arc<seal::Sealer>>,
 }
 
 impl Codec {
@@ -34,23 +33,28 @@ impl Codec {
     }
 
     fn sealed(&self, key: &str, json: String) -> Result<String, MetadataError> {
-        match &self.secret {
+        match &self.sealer {
             None => Ok(json),
-            Some(secret) => seal::seal(secret, key, &json).map_err(|source| MetadataError::Seal {
-                key: key.to_owned(),
-                source,
-            }),
+            Some(sealer) => sealer
+                .seal(key, &json)
+                .map_err(|source| MetadataError::Seal {
+                    key: key.to_owned(),
+                    source,
+                }),
         }
     }
 
     fn checked(&self, key: &str, value: &[u8]) -> Result<(), MetadataError> {
-        match &self.secret {
+        match &self.sealer {
             None => Ok(()),
-            Some(secret) => {
-                seal::verify(secret, key, value).map_err(|source| MetadataError::Seal {
-                    key: key.to_owned(),
-                    source,
-                })
+            Some(sealer) => {
+                sealer
+                    .admit(key, value)
+                    .map(|_| ())
+                    .map_err(|source| MetadataError::Seal {
+                        key: key.to_owned(),
+                        source,
+                    })
             }
         }
     }

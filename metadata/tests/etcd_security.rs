@@ -312,3 +312,105 @@ fn the_login_and_tls_come_from_the_environment_too() {
     let (ok, out) = child(&[("TERN_ETCD_CERT", "/nonexistent/cert.pem")]);
     assert!(!ok && out.contains("TERN_ETCD_CA"), "{out}");
 }
+
+const SECRET: &str = "tern-etcd-replay-secret";
+
+/// A node's store on `endpoint` with the cluster secret: one life of the node.
+fn sealed(endpoint: &str) -> Box<dyn MetadataStore> {
+    let secret = tern_metadata::auth::ClusterSecret::new(SECRET.as_bytes()).unwrap();
+    let mut options = StoreOptions::default();
+    options.rpc_client.secret = Some(secret);
+    open_store(&format!("etcd://{endpoint}"), options).unwrap()
+}
+
+#[test]
+fn a_node_holding_a_restarted_peers_descriptor_ignores_its_old_one_put_back_into_etcd() {
+    use std::sync::{Arc, Mutex};
+    use tern_metadata::MetadataEvent;
+    let (endpoint, _etcd) = tern_testkit::etcd::shared();
+    let name = unique("replayed-node");
+    let key = keys::segment_key(None, &name);
+    let old = tern_metadata::SegmentDesc::from_json(GOLDEN_TCP.as_bytes()).unwrap();
+    let mut new = old.clone();
+    new.tcp_data_port = new.tcp_data_port.wrapping_add(1000);
+    new.buffers[0].addr += 1 << 30;
+
+    // A peer that watches, and keeps every change it takes for this segment.
+    let watcher = sealed(&endpoint);
+    let taken: Arc<Mutex<Vec<Option<tern_metadata::SegmentDesc>>>> = Arc::default();
+    let markers: Arc<Mutex<Vec<RpcMeta>>> = Arc::default();
+    let (record, mark, watched) = (taken.clone(), markers.clone(), name.clone());
+    watcher.subscribe(Arc::new(move |event| match event {
+        MetadataEvent::Segment { name, desc } if name == watched => {
+            record.lock().unwrap().push(desc)
+        }
+        MetadataEvent::RpcMeta {
+            server,
+            meta: Some(meta),
+        } if server == watched => mark.lock().unwrap().push(meta),
+        _ => {}
+    }));
+    let seen = |desc: &Option<tern_metadata::SegmentDesc>| {
+        tern_testkit::etcd::eventually(Duration::from_secs(20), || {
+            taken.lock().unwrap().last() == Some(desc)
+        })
+        .is_some()
+    };
+
+    // The node's first life publishes; an attacker reads etcd and saves the sealed value.
+    let first = sealed(&endpoint);
+    first.publish_segment(&name, &old).unwrap();
+    assert!(
+        seen(&Some(old.clone())),
+        "the watcher never saw the first life"
+    );
+    assert_eq!(watcher.fetch_segment(&name).unwrap(), old);
+    let saved = tern_testkit::etcd::get(&endpoint, &key).unwrap();
+    assert!(saved.contains("tern_mac"), "{saved}");
+    // It stops (its keys are deleted), and comes back: a new store, the same name and
+    // secret, new ports and buffers.
+    drop(first);
+    assert!(seen(&None), "the watcher never saw the first life end");
+    let second = sealed(&endpoint);
+    second.publish_segment(&name, &new).unwrap();
+    assert!(
+        seen(&Some(new.clone())),
+        "the watcher never saw the second life"
+    );
+
+    // The attacker puts the saved descriptor back, straight into etcd.
+    tern_testkit::etcd::etcdctl(&endpoint, &["put", &key, saved.trim_end()]);
+    // A marker the node writes after it: once the watcher has it, it has had the replay too
+    // (etcd delivers a watch in revision order).
+    let marker = meta(15777);
+    second.publish_rpc_meta(&name, &marker).unwrap();
+    let marked = tern_testkit::etcd::eventually(Duration::from_secs(20), || {
+        markers.lock().unwrap().contains(&marker)
+    });
+    assert!(marked.is_some(), "the watcher never saw the marker");
+    let changes = taken.lock().unwrap().clone();
+    assert_eq!(
+        changes.last(),
+        Some(&Some(new.clone())),
+        "the watcher took the replayed descriptor: {changes:?}"
+    );
+    // Reading the key again does not bring the old descriptor back either.
+    match watcher.fetch_segment(&name) {
+        Ok(desc) => assert_eq!(desc, new, "the replayed descriptor was taken"),
+        Err(MetadataError::Seal {
+            key: refused,
+            source: tern_metadata::seal::SealError::Stale { .. },
+        }) => assert_eq!(refused, key),
+        Err(other) => panic!("{other}"),
+    }
+    // The node saw its key overwritten and put its own value back, so a node that starts
+    // now (and has no newer value to compare with) does not take the replay either.
+    let restored = tern_testkit::etcd::eventually(Duration::from_secs(20), || {
+        tern_testkit::etcd::get(&endpoint, &key).is_some_and(|v| v != saved)
+    });
+    assert!(restored.is_some(), "etcd kept the replayed descriptor");
+    assert_eq!(sealed(&endpoint).fetch_segment(&name).unwrap(), new);
+    assert_eq!(watcher.fetch_segment(&name).unwrap(), new);
+    drop(second);
+    drop(watcher);
+}

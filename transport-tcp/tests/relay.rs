@@ -318,15 +318,22 @@ fn a_descriptor_altered_in_the_store_is_refused() {
     let altered = stored.replace(&needle, &format!("\"addr\":{}", genuine + 4096));
     etcd::etcdctl(&endpoint, &["put", &key, &altered]);
 
-    // A node opening the segment now refuses it...
+    // A node opening the segment now refuses it, or, once the victim has seen its key
+    // overwritten and put its own value back, reads the genuine buffer: never the moved one.
     let newcomer = etcd_engine(&endpoint, &unique("newcomer"));
     match newcomer.open_segment(&name) {
         Err(EngineError::Metadata(MetadataError::Seal {
             source: SealError::BadMac,
             key: refused,
         })) => assert_eq!(refused, key),
+        Ok(id) => assert_eq!(newcomer.segment(id).unwrap().desc.buffers[0].addr, genuine),
         other => panic!("{other:?}"),
     }
+    // The victim heals the key: etcd holds a genuine value again.
+    let healed = etcd::eventually(Duration::from_secs(10), || {
+        etcd::get(&endpoint, &key).is_some_and(|now| now.contains(&needle))
+    });
+    assert!(healed.is_some(), "the altered descriptor stayed in etcd");
     // ...and the one that had it open ignores the change and keeps the genuine buffer.
     let noticed = etcd::eventually(Duration::from_secs(10), || {
         !logs::mentioning("ignoring a change").is_empty()

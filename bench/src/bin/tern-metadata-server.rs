@@ -2,6 +2,10 @@
 //! `http://<addr>:<port>/metadata`, a Mooncake node included; its own metrics (Prometheus
 //! text) are at `http://<addr>:<port>/metrics`. It serves until SIGINT or SIGTERM, whatever
 //! its stdin is, then stops listening and exits 0 (a second signal exits at once).
+//!
+//! Given the cluster secret (`TERN_CLUSTER_SECRET` or `TERN_CLUSTER_SECRET_FILE`), it takes
+//! only sealed values no older than the one it holds for their key, and deletes only with a
+//! token for the very value held (`tern_metadata::seal`).
 #![forbid(unsafe_code)]
 
 // Shared with `tern-bench`, which uses all of it.
@@ -47,13 +51,28 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let server = match tern_metadata::http::HttpMetadataServer::start(addr) {
+    let secret = match tern_metadata::auth::ClusterSecret::from_env() {
+        Ok(secret) => secret,
+        Err(e) => {
+            eprintln!("tern-metadata-server: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let sealed = secret.is_some();
+    let config = tern_metadata::http::HttpServerConfig {
+        secret,
+        ..tern_metadata::http::HttpServerConfig::default()
+    };
+    let server = match tern_metadata::http::HttpMetadataServer::start_with(addr, config) {
         Ok(server) => server,
         Err(e) => {
             eprintln!("tern-metadata-server: cannot bind {addr}: {e}");
             return ExitCode::FAILURE;
         }
     };
+    if sealed {
+        eprintln!("tern-metadata-server: with the cluster secret: sealed values only");
+    }
     println!("serving http://{}/metadata", server.local_addr());
     if let Err(e) = std::io::stdout().flush() {
         eprintln!("tern-metadata-server: writing to stdout: {e}");
