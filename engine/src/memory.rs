@@ -54,6 +54,15 @@ impl TransferEngine {
         self.inner.unregister(addrs)
     }
 
+    /// Pins the registered region (raw or owned) that holds all of `[addr, addr + len)`, for
+    /// copies into or out of it by address. While the pin lives, unregistering the region
+    /// fails with `RegionInUse`, so the memory stays valid for the pin's
+    /// [`RegionPin::copy_from_slice`] and [`RegionPin::copy_to_slice`]. Fails with
+    /// `AddressNotRegistered` when no one region holds the range.
+    pub fn pin_local(&self, addr: usize, len: usize) -> Result<RegionPin, EngineError> {
+        Ok(self.inner.registry.pin(addr, len)?)
+    }
+
     /// The facts of every registered region.
     pub fn registered_regions(&self) -> Vec<RegionInfo> {
         self.inner.registry.snapshot()

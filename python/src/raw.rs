@@ -1,27 +1,32 @@
-//! The one module of `tern-python` with `unsafe`: registering memory Tern does not own, and
-//! copying bytes to and from registered memory by address.
+//! The one module of `tern-python` with `unsafe`: registering memory Tern does not own.
 //!
 //! Two kinds of memory come from Python:
 //!
 //! - **Held** ([`HeldRegions`], the Pythonic API): an object's memory found through the buffer
 //!   protocol, `__array_interface__` or `data_ptr()`/`nbytes`, with a keep-alive object (a
-//!   `ctypes` array made with `from_buffer`, which holds a buffer export; or the array or
-//!   tensor itself). The keep-alive stays here until the engine has unregistered the region,
-//!   so Python cannot free or resize the memory while Tern may touch it.
+//!   `ctypes` array made with `from_buffer`, which holds a buffer export; the tensor's
+//!   storage; or the object that exposes `__array_interface__`). The keep-alive stays here
+//!   until the engine has unregistered the region, so Python cannot free the memory while
+//!   Tern may touch it. A buffer export also forbids moving it (numpy moves an exported array
+//!   only when told to, `resize(refcheck=False)`); a torch storage or an
+//!   `__array_interface__` owner can still move its memory (`resize_`). The package checks
+//!   for a move when the region is unregistered (`tern.MemoryMoved`).
 //! - **Promised** ([`LocalMemory::register_promised`], the Mooncake drop-in): an integer
 //!   address and length. As with Mooncake, the caller promises that the memory stays valid
 //!   until it unregisters it; Rust cannot check that promise, and the documentation of
 //!   `tern.mooncake` says so.
 //!
-//! Engine-owned buffers (`allocate_managed_buffer`) need no `unsafe`: they are
-//! [`OwnedBuffer`]s, copied through their safe methods.
+//! Copies by address (`write_bytes_to_buffer`, `read_bytes_from_buffer`) need no `unsafe`:
+//! they go through a [`RegionPin`] of the region that holds the range, taken before the
+//! copy and dropped after it, so an unregister cannot succeed while a copy runs, and
+//! engine-owned buffers (`allocate_managed_buffer`) are copied the same way.
 #![allow(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
 
 use pyo3::prelude::*;
-use tern_engine::{EngineError, OwnedBuffer, RegisterRaw, TransferEngine};
+use tern_engine::{EngineError, OwnedBuffer, RegionPin, RegisterRaw, TransferEngine};
 
 use crate::core::unregister_settled;
 
@@ -59,14 +64,17 @@ impl HeldRegions {
         let mut held = lock(&self.held);
         // SAFETY: `Region::from_raw` needs the range valid for reads and writes until the
         // region is unregistered. The range is the memory of a writable, C-contiguous export
-        // (`bf_getbuffer`, held by the ctypes array made with `from_buffer`), or of a numpy
-        // array or CPU tensor whose data pointer the object's own documentation guarantees
-        // for the object's lifetime; CPython's buffer protocol forbids the exporter to free
-        // or move the memory while an export is held. `keepalive` holds that export or
-        // object, and it leaves `held` only in `unregister` after the engine's unregister
-        // returned `Ok` (no pin left, none can be taken), or never (`close`). Peers writing
-        // the bytes concurrently is what registration means; nothing here forms Rust
-        // references to them.
+        // (`bf_getbuffer`, held by the ctypes array made with `from_buffer`): CPython's buffer
+        // protocol forbids the exporter to free, move or resize the memory while an export is
+        // held (numpy's `resize(refcheck=False)` overrides that only on the caller's word,
+        // which numpy's documentation makes the caller's responsibility). Or it is the memory of a CPU tensor's storage or of an `__array_interface__`
+        // object, which `keepalive` (the storage, the object) keeps allocated; neither can be
+        // stopped from moving it (`resize_`), so there, as in `register_promised`, the caller
+        // promises not to, and `tern.TransferEngine.unregister` checks the pointer and reports
+        // a broken promise. `keepalive` leaves `held` only in `unregister` after the engine's
+        // unregister returned `Ok` (no pin left, none can be taken), or never (`close`).
+        // Peers writing the bytes concurrently is what registration means; nothing here forms
+        // Rust references to them.
         let registered =
             unsafe { engine.register_memory(addr as *mut u8, len, location, remote_accessible) };
         match registered {
@@ -119,10 +127,9 @@ impl HeldRegions {
 /// memory the caller promises.
 #[derive(Debug, Default)]
 pub(crate) struct LocalMemory {
-    /// Managed buffers by start address. Freed only under this lock, which copies into
-    /// promised memory also hold: so a region found registered and not managed is promised
-    /// memory, never an owned buffer being freed.
-    managed: Mutex<BTreeMap<usize, Arc<OwnedBuffer>>>,
+    /// Managed buffers by start address; dropping one unregisters it (a copy that pinned it
+    /// keeps its memory until the copy ends).
+    managed: Mutex<HashMap<usize, OwnedBuffer>>,
 }
 
 impl LocalMemory {
@@ -159,11 +166,11 @@ impl LocalMemory {
     ) -> Result<usize, EngineError> {
         let buffer = engine.allocate(len, "*")?;
         let addr = buffer.addr();
-        lock(&self.managed).insert(addr, Arc::new(buffer));
+        lock(&self.managed).insert(addr, buffer);
         Ok(addr)
     }
 
-    /// Frees a managed buffer (transfers still using it keep it until they end).
+    /// Frees a managed buffer (transfers and copies still using it keep it until they end).
     pub(crate) fn free(&self, addr: usize, len: usize) -> Result<(), EngineError> {
         let mut managed = lock(&self.managed);
         let Some(buffer) = managed.get(&addr) else {
@@ -181,78 +188,39 @@ impl LocalMemory {
         Ok(())
     }
 
-    fn managed_containing(
-        managed: &BTreeMap<usize, Arc<OwnedBuffer>>,
-        addr: usize,
-        len: usize,
-    ) -> Option<Arc<OwnedBuffer>> {
-        let (_, buffer) = managed.range(..=addr).next_back()?;
-        let end = addr.checked_add(len)?;
-        (end <= buffer.addr() + buffer.len()).then(|| buffer.clone())
-    }
-
-    /// Checks that `[addr, addr + len)` lies inside one registered region of `engine`.
-    fn registered(engine: &TransferEngine, addr: usize, len: usize) -> Result<(), EngineError> {
-        let end = addr
-            .checked_add(len)
-            .ok_or_else(|| EngineError::InvalidArgument(format!("{addr:#x} + {len} overflows")))?;
-        let inside = engine
-            .registered_regions()
-            .iter()
-            .any(|r| addr >= r.addr && end <= r.addr + r.len);
-        if inside && addr != 0 {
-            Ok(())
-        } else {
-            Err(EngineError::AddressNotRegistered { addr })
+    /// Pins the region (promised memory or a managed buffer) that holds all of
+    /// `[addr, addr + len)`. Until the pin drops, the region's unregister fails with
+    /// `RegionInUse` (the drop-in's `unregister_memory` waits a little for it first), so
+    /// the memory cannot be unregistered, and then freed by its owner, under a copy.
+    fn pin(engine: &TransferEngine, addr: usize, len: usize) -> Result<RegionPin, EngineError> {
+        if addr == 0 {
+            return Err(EngineError::AddressNotRegistered { addr });
         }
+        // An empty copy still needs its address inside a region, as a byte there would.
+        engine.pin_local(addr, len.max(1))
     }
 
     /// Copies `data` to `addr`, which must lie (with `data.len()` bytes) inside a managed
-    /// buffer or a registered region.
+    /// buffer or a registered region, pinned for the copy.
     pub(crate) fn write(
         &self,
         engine: &TransferEngine,
         addr: usize,
         data: &[u8],
     ) -> Result<(), EngineError> {
-        let managed = lock(&self.managed);
-        if let Some(buffer) = Self::managed_containing(&managed, addr, data.len()) {
-            drop(managed);
-            return buffer.write_at(addr - buffer.addr(), data);
-        }
-        Self::registered(engine, addr, data.len())?;
-        if data.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: the range lies inside a region registered in `engine` that is not a
-        // managed buffer (checked above, under the lock that managed buffers are freed
-        // under), so it is promised memory: valid for writes until the caller unregisters
-        // it (`register_promised`). `data` is a Rust borrow of a Python bytes object and
-        // cannot overlap memory registered for writing.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) };
-        Ok(())
+        let pin = Self::pin(engine, addr, data.len())?;
+        Ok(pin.copy_from_slice(addr, data)?)
     }
 
     /// Copies `out.len()` bytes at `addr` into `out`; the range must lie inside a managed
-    /// buffer or a registered region.
+    /// buffer or a registered region, pinned for the copy.
     pub(crate) fn read(
         &self,
         engine: &TransferEngine,
         addr: usize,
         out: &mut [u8],
     ) -> Result<(), EngineError> {
-        let managed = lock(&self.managed);
-        if let Some(buffer) = Self::managed_containing(&managed, addr, out.len()) {
-            drop(managed);
-            return buffer.read_at(addr - buffer.addr(), out);
-        }
-        Self::registered(engine, addr, out.len())?;
-        if out.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: as in `write`: promised memory, valid for reads while registered; `out` is
-        // an exclusive Rust buffer of our own, so the two cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(addr as *const u8, out.as_mut_ptr(), out.len()) };
-        Ok(())
+        let pin = Self::pin(engine, addr, out.len())?;
+        Ok(pin.copy_to_slice(addr, out)?)
     }
 }

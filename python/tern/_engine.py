@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import weakref
 from typing import Any, Iterable, NamedTuple, Sequence, Union
 
 from . import _tern
-from ._errors import InvalidArgument, TransferError
-from ._memory import locate, view_of
+from ._errors import InvalidArgument, MemoryMoved, TransferError
+from ._memory import Hold, locate, view_of
 
 __all__ = [
     "TransferEngine",
@@ -79,15 +80,17 @@ class Segment:
 
 
 class Region:
-    """Memory registered from a Python object; the object is kept alive until unregistered."""
+    """Memory registered from a Python object; the object (a tensor's storage) is kept alive
+    until unregistered."""
 
-    __slots__ = ("addr", "nbytes", "location", "obj", "__weakref__")
+    __slots__ = ("addr", "nbytes", "location", "obj", "_hold", "__weakref__")
 
-    def __init__(self, addr: int, nbytes: int, location: str, obj: Any) -> None:
+    def __init__(self, addr: int, nbytes: int, location: str, obj: Any, hold: Hold | None = None) -> None:
         self.addr = addr
         self.nbytes = nbytes
         self.location = location
         self.obj = obj
+        self._hold = hold
 
     def __len__(self) -> int:
         return self.nbytes
@@ -315,25 +318,49 @@ class TransferEngine:
 
     def register(self, obj: Any, *, location: str = "*", remote_accessible: bool = True) -> Region:
         """Registers the memory of ``obj`` (buffer protocol, ``__array_interface__``, or a
-        CPU tensor's ``data_ptr()``/``nbytes``); ``obj`` is kept alive until unregistered."""
-        addr, nbytes, keepalive = locate(obj)
-        self._core.register_held(addr, nbytes, location, remote_accessible, keepalive)
-        region = Region(addr, nbytes, location, obj)
+        CPU tensor's ``data_ptr()``/``nbytes``); its memory is kept allocated until
+        unregistered (a buffer export, the tensor's storage, the object).
+
+        Do not move registered memory (a tensor's growing ``resize_``): nothing outside
+        torch can forbid it, and peers would write freed memory. :meth:`unregister` detects
+        it and raises :class:`MemoryMoved`."""
+        addr, nbytes, hold = locate(obj)
+        self._core.register_held(addr, nbytes, location, remote_accessible, hold)
+        region = Region(addr, nbytes, location, obj, hold)
         with self._lock:
             self._regions[addr] = region
         return region
 
     def unregister(self, target: Any) -> None:
-        """Unregisters a :class:`Region`, a registered object, or the region at an address."""
+        """Unregisters a :class:`Region`, a registered object, or the region at an address.
+
+        A region whose memory moved while registered (a tensor's storage reallocated by
+        ``resize_``, an ``__array_interface__`` pointing elsewhere) is unregistered all the
+        same, by the address it was registered at, and then :class:`MemoryMoved` is raised:
+        peers may have written the memory after it was freed."""
         if isinstance(target, Region):
             addr = target.addr
         elif isinstance(target, int):
             addr = target
         else:
-            addr = locate(target)[0]
+            with self._lock:
+                # The object registered, found by identity: its memory may be elsewhere now.
+                addr = next((a for a, r in self._regions.items() if r.obj is target), None)
+            if addr is None:
+                addr = locate(target)[0]
+        with self._lock:
+            region = self._regions.get(addr)
+        moved = region._hold.moved() if region is not None and region._hold is not None else None
         self._core.unregister(addr)
         with self._lock:
             self._regions.pop(addr, None)
+        if region is not None:
+            region._hold = None  # the buffer export goes with the registration
+        if moved is not None:
+            raise MemoryMoved(
+                f"the region at {addr:#x} ({region.nbytes} bytes) is unregistered, but {moved} "
+                "while it was registered: peers may have written freed memory"
+            )
 
     def allocate(self, nbytes: int, *, location: str = "*") -> Buffer:
         """Allocates ``nbytes`` owned by the engine, registered for peers."""
@@ -451,10 +478,24 @@ class TransferEngine:
     # -- lifetime -----------------------------------------------------------------------
 
     def close(self) -> None:
-        """Unregisters everything, stops listeners and workers, withdraws the metadata."""
+        """Unregisters everything, stops listeners and workers, withdraws the metadata. A
+        region whose memory moved while registered is logged (logger ``tern``)."""
+        with self._lock:
+            regions = list(self._regions.values())
         self._core.close()
         with self._lock:
             self._regions.clear()
+        for region in regions:
+            moved = region._hold.moved() if region._hold is not None else None
+            region._hold = None
+            if moved is not None:
+                logging.getLogger("tern").warning(
+                    "close: the region at %#x (%d bytes): %s while it was registered: "
+                    "peers may have written freed memory",
+                    region.addr,
+                    region.nbytes,
+                    moved,
+                )
 
     @property
     def closed(self) -> bool:

@@ -30,6 +30,7 @@ __all__ = [
     "ProtocolError",
     "Canceled",
     "Dropped",
+    "MemoryMoved",
 ]
 
 
@@ -153,5 +154,12 @@ class Canceled(TransferError):
 
 class Dropped(TransferError):
     """A transport dropped the work without finishing it (it was shutting down)."""
+
+    code = -1
+
+
+class MemoryMoved(TransferError):
+    """Registered memory moved while it was registered (a tensor's storage reallocated by
+    ``resize_``); the region is unregistered all the same."""
 
     code = -1
