@@ -11,9 +11,9 @@ fn main() {
     let threads = PretouchPolicy::always(16).threads_for(LEN, cores, 1);
     let mut rows = Vec::new();
     for round in 0..2 {
-        let mut single = AlignedBuffer::new(LEN).expect("4 GiB");
+        let single = AlignedBuffer::new(LEN).expect("4 GiB");
         let started = Instant::now();
-        single.as_mut_slice().fill(0x5a);
+        single.fill(0x5a);
         let memset = started.elapsed();
         drop(single);
 

@@ -4,6 +4,7 @@ use std::alloc::{self, Layout};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::MemoryError;
 use crate::shm::{MemFd, ShmError};
 
 /// The page size Tern aligns buffers to.
@@ -35,9 +36,10 @@ enum Storage {
 }
 
 // SAFETY: the buffer is plain owned bytes with no thread affinity; all access to its contents
-// goes through `&self`/`&mut self` methods or through `Region`, which documents its rules.
+// goes through raw copies of its methods or through `Region`, which documents its rules.
 unsafe impl Send for AlignedBuffer {}
-// SAFETY: see `Send`; shared references only hand out the base address and length.
+// SAFETY: see `Send`; `&self` methods copy through raw pointers only (never references), and
+// concurrent copies leave bytes unspecified, never UB for this process, as with DMA.
 unsafe impl Sync for AlignedBuffer {}
 
 impl AlignedBuffer {
@@ -148,34 +150,78 @@ impl AlignedBuffer {
         false
     }
 
-    /// The bytes, for exclusive use.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` is valid for `len` bytes for as long as `self` lives, and `&mut self`
-        // guarantees no other reference into the buffer exists.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    // No `as_slice`/`as_mut_slice`: a buffer made by `shared` lives in a memfd that a
+    // same-host peer maps and writes whenever it likes, and any registered buffer is written
+    // by peers and NICs. A `&[u8]` or `&mut [u8]` promises that nothing else writes the bytes
+    // while it lives (`std::slice::from_raw_parts`'s contract), which safe code in another
+    // mapping breaks at will; so the bytes are reached only by copies through raw pointers,
+    // which promise nothing about other writers.
+
+    /// The pointer to `offset..offset + len`, or why that is outside the buffer.
+    fn at(&self, offset: usize, len: usize) -> Result<*mut u8, MemoryError> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(MemoryError::OutOfRange {
+                addr: self.addr().wrapping_add(offset),
+                len,
+                region_addr: self.addr(),
+                region_len: self.len(),
+            });
+        }
+        // SAFETY: `offset + len <= self.len()` (checked), so the pointer stays inside the
+        // allocation (`pointer::add` requires staying in bounds).
+        Ok(unsafe { self.ptr.as_ptr().add(offset) })
     }
 
-    /// The bytes, read-only.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` initialised (zeroed) bytes; only `&mut self`
-        // methods write through this type.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    /// Copies `src` into the buffer at `offset` (one `memcpy`).
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError> {
+        let dst = self.at(offset, src.len())?;
+        // SAFETY: `dst` is valid for `src.len()` writes (inside the buffer, checked by `at`,
+        // and the buffer lives as long as `self`); `src` is a borrow of other memory: a
+        // caller cannot hold a Rust reference into this buffer, since none is handed out.
+        // Others writing these bytes at once leave them unspecified, as with DMA; no Rust
+        // reference to them exists to be invalidated.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        Ok(())
     }
 
-    /// Faults every page in with `threads` threads, each writing one byte per page of its
-    /// own chunk, so that later transfers and registrations do not pay for page faults.
+    /// Copies `dst.len()` bytes at `offset` of the buffer into `dst` (one `memcpy`).
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), MemoryError> {
+        let src = self.at(offset, dst.len())?;
+        // SAFETY: `src` is valid for `dst.len()` reads (checked by `at`); `dst` is the caller's
+        // exclusive borrow of other memory (no reference into this buffer is handed out).
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Sets every byte of the buffer to `byte` (one `memset`).
+    pub fn fill(&self, byte: u8) {
+        // SAFETY: `ptr` is valid for `len` writes for as long as `self` lives; no Rust
+        // reference into the buffer exists (none is handed out).
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), byte, self.len()) };
+    }
+
+    /// Faults every page in with `threads` threads, each rewriting the first byte of every
+    /// page of its own chunk, so that later transfers and registrations do not pay for page
+    /// faults. Contents are kept.
     pub fn pretouch(&mut self, threads: usize) {
         let threads = threads.max(1);
-        let bytes = self.as_mut_slice();
-        let chunk = bytes.len().div_ceil(threads).next_multiple_of(PAGE_SIZE);
+        let len = self.len();
+        let chunk = len.div_ceil(threads).next_multiple_of(PAGE_SIZE);
+        let buffer = &*self;
         std::thread::scope(|scope| {
-            for part in bytes.chunks_mut(chunk) {
+            for from in (0..len).step_by(chunk) {
+                let to = (from + chunk).min(len);
                 scope.spawn(move || {
-                    for page in part.chunks_mut(PAGE_SIZE) {
-                        // A volatile write so the store is not elided: the page is already zero.
-                        let first = &mut page[0];
-                        // SAFETY: `first` is a valid, aligned, exclusive reference to a u8.
-                        unsafe { std::ptr::write_volatile(first, 0) };
+                    for page in (from..to).step_by(PAGE_SIZE) {
+                        // SAFETY: `page < len`, so the pointer stays inside the buffer, which
+                        // outlives the scope (`&mut self` is held across it, so nothing else
+                        // of this process copies meanwhile); the chunks are disjoint, so no
+                        // two threads touch one byte. Volatile, so neither access is elided:
+                        // the write is what faults the page in for writing.
+                        unsafe {
+                            let byte = buffer.ptr.as_ptr().add(page);
+                            byte.write_volatile(byte.read_volatile());
+                        }
                     }
                 });
             }
@@ -263,18 +309,35 @@ impl PretouchPolicy {
 mod tests {
     use super::*;
 
+    fn contents(buf: &AlignedBuffer) -> Vec<u8> {
+        let mut bytes = vec![0u8; buf.len()];
+        buf.read_at(0, &mut bytes).unwrap();
+        bytes
+    }
+
     #[test]
     fn buffers_are_aligned_zeroed_and_writable() {
-        let mut buf = AlignedBuffer::new(3 * PAGE_SIZE + 5).unwrap();
+        let len = 3 * PAGE_SIZE + 5;
+        let mut buf = AlignedBuffer::new(len).unwrap();
         assert_eq!(buf.addr() % PAGE_SIZE, 0);
-        assert!(buf.as_slice().iter().all(|&b| b == 0));
-        buf.as_mut_slice()[3 * PAGE_SIZE + 4] = 7;
+        assert!(contents(&buf).iter().all(|&b| b == 0));
+        buf.write_at(3 * PAGE_SIZE + 4, &[7]).unwrap();
+        buf.write_at(PAGE_SIZE, &[5]).unwrap();
         buf.pretouch(3);
+        let seen = contents(&buf);
         assert_eq!(
-            buf.as_slice()[3 * PAGE_SIZE + 4],
-            7,
+            (seen[3 * PAGE_SIZE + 4], seen[PAGE_SIZE]),
+            (7, 5),
             "pre-touch keeps contents"
         );
+        // Copies outside the buffer are refused, not made.
+        assert!(matches!(
+            buf.write_at(len - 1, &[1, 2]),
+            Err(MemoryError::OutOfRange { .. })
+        ));
+        assert!(buf.read_at(usize::MAX, &mut [0u8; 2]).is_err());
+        buf.fill(0x5a);
+        assert!(contents(&buf).iter().all(|&b| b == 0x5a));
         assert!(AlignedBuffer::new(0).is_none());
         let huge_aligned = AlignedBuffer::with_alignment(10, 2 << 20).unwrap();
         assert_eq!(huge_aligned.addr() % (2 << 20), 0);
@@ -282,11 +345,11 @@ mod tests {
 
     #[test]
     fn huge_buffers_are_huge_page_aligned_with_or_without_reserved_pages() {
-        let mut buf = AlignedBuffer::huge(3 << 20).unwrap();
+        let buf = AlignedBuffer::huge(3 << 20).unwrap();
         assert_eq!(buf.addr() % HUGE_PAGE_SIZE, 0);
         assert_eq!(buf.len(), 3 << 20);
-        buf.as_mut_slice()[(3 << 20) - 1] = 9;
-        assert_eq!(buf.as_slice()[(3 << 20) - 1], 9);
+        buf.write_at((3 << 20) - 1, &[9]).unwrap();
+        assert_eq!(contents(&buf)[(3 << 20) - 1], 9);
         let reserved = std::fs::read_to_string("/proc/sys/vm/nr_hugepages")
             .ok()
             .and_then(|n| n.trim().parse::<usize>().ok())
@@ -304,8 +367,8 @@ mod tests {
     fn shared_buffers_live_in_a_memfd_others_can_map() {
         let mut buf = AlignedBuffer::shared(5000, "tern-buffer-test").unwrap();
         assert_eq!((buf.len(), buf.addr() % PAGE_SIZE), (5000, 0));
-        assert!(buf.as_slice().iter().all(|&b| b == 0));
-        buf.as_mut_slice()[4999] = 42;
+        assert!(contents(&buf).iter().all(|&b| b == 0));
+        buf.write_at(4999, &[42]).unwrap();
         buf.pretouch(2);
         let memfd = buf.memfd().unwrap().clone();
         assert_eq!(memfd.len(), 2 * PAGE_SIZE);

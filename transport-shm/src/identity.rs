@@ -90,6 +90,58 @@ impl Extension {
 /// Longest abstract socket name (`sun_path` holds 108 bytes, one of them the leading NUL).
 pub const MAX_SOCKET_NAME: usize = 107;
 
+/// What every socket name Tern binds starts with.
+const SOCKET_PREFIX: &str = "tern-shm-";
+
+/// Hex digits of the random tag that ends a socket name.
+const SOCKET_TAG_DIGITS: usize = 16;
+
+/// The abstract socket name a node binds: `tern-shm-<pid>-<tag in 16 hex digits>`. The only
+/// form [`check_socket_name`] lets a peer's descriptor name.
+pub fn socket_name(pid: u32, tag: &[u8; SOCKET_TAG_DIGITS / 2]) -> String {
+    let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{SOCKET_PREFIX}{pid}-{tag}")
+}
+
+/// Why a peer's descriptor names a socket this node does not dial.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SocketNameError {
+    /// The name is not one Tern binds ([`socket_name`]'s form). Whoever can write the peer's
+    /// descriptor could otherwise send this node to any abstract socket of its network
+    /// namespace (another service's), or a filesystem-looking name: it is not dialed, and
+    /// the slices go to the next transport. Check what publishes the peer's descriptor.
+    #[error(
+        "the descriptor names the socket {name:?}, which is not of the form \
+         tern-shm-<pid>-<16 hex digits> that Tern binds; not dialed"
+    )]
+    Foreign {
+        /// The name as the descriptor gave it.
+        name: String,
+    },
+}
+
+/// Accepts only a socket name of the form Tern itself binds ([`socket_name`]): the prefix,
+/// a decimal process ID (no sign, no leading zero), a dash, and 16 lowercase hex digits.
+pub fn check_socket_name(name: &str) -> Result<(), SocketNameError> {
+    let foreign = || SocketNameError::Foreign {
+        name: name.to_owned(),
+    };
+    let rest = name.strip_prefix(SOCKET_PREFIX).ok_or_else(foreign)?;
+    let (pid, tag) = rest.split_once('-').ok_or_else(foreign)?;
+    let pid_ok = !pid.is_empty()
+        && !pid.starts_with('0')
+        && pid.bytes().all(|b| b.is_ascii_digit())
+        && pid.parse::<u32>().is_ok();
+    let tag_ok = tag.len() == SOCKET_TAG_DIGITS
+        && tag.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if pid_ok && tag_ok {
+        Ok(())
+    } else {
+        Err(foreign())
+    }
+}
+
 /// Whether a peer whose descriptor carries `value` under `tern.shm` claims to run on this
 /// host, in this network namespace, as this user. Without the field (a Mooncake peer, or a
 /// Tern node without this transport) it does not.
@@ -117,7 +169,7 @@ mod tests {
     fn this_process_is_same_host_with_itself_and_not_with_any_one_change() {
         let ext = Extension {
             identity: mine(),
-            socket: "tern-shm-1-abc".into(),
+            socket: socket_name(1, &[0xab; 8]),
             pid: 1,
         };
         let json = ext.to_json();
@@ -137,6 +189,44 @@ mod tests {
         }
         assert!(!same_host(&mine(), None), "no field: no shm");
         assert!(!same_host(&mine(), Some(&json!("garbage"))));
+    }
+
+    #[test]
+    fn only_socket_names_of_the_form_tern_binds_are_accepted() {
+        let made = socket_name(4242, &[0x00, 0x1f, 0xa0, 0xff, 0x12, 0x34, 0x56, 0x78]);
+        assert_eq!(made, "tern-shm-4242-001fa0ff12345678");
+        assert_eq!(check_socket_name(&made), Ok(()));
+        assert_eq!(check_socket_name(&socket_name(u32::MAX, &[0; 8])), Ok(()));
+        for foreign in [
+            "/run/docker.sock",
+            "../x",
+            "tern-shm-../../x",
+            "@/tmp/.X11-unix/X0",
+            "/tmp/.X11-unix/X0",
+            "tern-shm-fake-4242",
+            "tern-shm-4242",
+            "tern-shm-4242-",
+            "tern-shm--001fa0ff12345678",
+            "tern-shm-04242-001fa0ff12345678",
+            "tern-shm-+4242-001fa0ff12345678",
+            "tern-shm-99999999999-001fa0ff12345678",
+            "tern-shm-4242-001FA0FF12345678",
+            "tern-shm-4242-001fa0ff1234567",
+            "tern-shm-4242-001fa0ff123456789",
+            "tern-shm-4242-001fa0ff1234567g",
+            "tern-shm-4242-001fa0ff12345678/../x",
+            "xtern-shm-4242-001fa0ff12345678",
+            "",
+        ] {
+            let refused = check_socket_name(foreign).unwrap_err();
+            assert_eq!(
+                refused,
+                SocketNameError::Foreign {
+                    name: foreign.into()
+                }
+            );
+            assert!(refused.to_string().contains("not dialed"), "{refused}");
+        }
     }
 
     #[test]
