@@ -4,8 +4,9 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -71,14 +72,32 @@ pub fn bind_listener(ip: IpAddr, ports: PortChoice) -> io::Result<TcpListener> {
 pub const READ_TICK: Duration = Duration::from_millis(250);
 
 /// What every listener holds its clients to.
+///
+/// A connection first goes through its opening: its first frame (and, with a cluster
+/// secret, the proof before it) until its handler says it is in ([`Served::opened`]). Silent
+/// or trickling connections only ever hold opening places, which are bounded by
+/// [`exchange_timeout`](Self::exchange_timeout) each and given up to newer connections, so
+/// they never take a slot of [`max_connections`](Self::max_connections) from a peer that
+/// completes its opening.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServeLimits {
-    /// Connections served at once; one more is closed at once, with one log line.
+    /// Connections served at once past their opening. One more that completes its opening
+    /// waits up to 50 ms, on its own thread, for one of them to finish (a connection that
+    /// has sent its last answer holds its slot a moment after its client has it), and is
+    /// then closed, with one log line.
     pub max_connections: usize,
+    /// Connections in their opening at once. A new connection beyond this closes the oldest
+    /// of them at once (the accept thread never waits for a place): a newcomer is always
+    /// let in, and a place is taken from the connection that has had longest to open.
+    pub max_opening: usize,
+    /// How long a connection may take from being accepted to the end of its opening; one
+    /// that has not completed it by then is closed.
+    pub exchange_timeout: Duration,
     /// A frame (a request header, an RPC frame, an HTTP request) must arrive whole within
     /// this of its first byte, however the bytes trickle in.
     pub frame_deadline: Duration,
-    /// How long a connection may sit idle between frames (and before its first).
+    /// How long a connection may sit idle between frames (before its first, the exchange
+    /// timeout holds).
     pub idle_timeout: Duration,
     /// How long one write may block on a peer that does not read.
     pub write_timeout: Duration,
@@ -88,6 +107,8 @@ impl Default for ServeLimits {
     fn default() -> Self {
         Self {
             max_connections: 256,
+            max_opening: 256,
+            exchange_timeout: auth::EXCHANGE_TIMEOUT,
             frame_deadline: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(5),
             write_timeout: Duration::from_secs(30),
@@ -95,20 +116,22 @@ impl Default for ServeLimits {
     }
 }
 
-/// A connection an [`Acceptor`] hands its handler: no Nagle, reads that wake every
-/// [`READ_TICK`], writes bounded by the listener's `write_timeout`.
+/// A connection an [`Acceptor`] hands its handler: no Nagle (on TCP), reads that wake every
+/// [`READ_TICK`], writes bounded by the listener's `write_timeout`, and until its handler
+/// calls [`opened`](Self::opened), every read bounded by the exchange timeout from accept.
 #[derive(Debug)]
-pub struct Served {
+pub struct Served<S = TcpStream> {
     /// The connection.
-    pub stream: TcpStream,
+    pub stream: S,
     /// Who connected, for log lines.
     pub peer: String,
     /// The listener's limits.
     pub limits: ServeLimits,
     stop: Arc<AtomicBool>,
+    opening: Opening,
 }
 
-impl Served {
+impl<S> Served<S> {
     /// Whether the listener is shutting down (its handler should return).
     pub fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
@@ -119,11 +142,35 @@ impl Served {
         self.stop.clone()
     }
 
+    /// Says the connection has completed its opening (its first frame is in, and with a
+    /// cluster secret the peer proved it): from now on it holds one of the listener's
+    /// `max_connections` slots, and the exchange timeout no longer applies. Waits up to
+    /// 50 ms for a slot when all are taken; `false` when none freed (or the connection was
+    /// closed meanwhile, for taking too long): the connection is closed and its handler
+    /// must return without serving it.
+    pub fn opened(&self) -> bool {
+        self.opening.open()
+    }
+
+    /// Until when the connection may still complete its opening; `None` once it has.
+    pub fn opening_deadline(&self) -> Option<Instant> {
+        self.opening.deadline()
+    }
+
+    /// `deadline`, or the end of the opening if that comes first.
+    fn bounded(&self, deadline: Instant) -> Instant {
+        self.opening_deadline()
+            .map_or(deadline, |opening| opening.min(deadline))
+    }
+}
+
+impl<S: Read> Served<S> {
     /// Reads the start of a frame into `start` (as much of it as has arrived, at least one
-    /// byte), waiting up to the idle timeout; returns how many bytes, 0 when the peer closed
-    /// (or the listener stopped) before sending one.
+    /// byte), waiting up to the idle timeout (the opening's end, for the first frame);
+    /// returns how many bytes, 0 when the peer closed (or the listener stopped, or the
+    /// connection was closed for not opening in time) before sending one.
     pub fn await_frame(&mut self, start: &mut [u8]) -> io::Result<usize> {
-        let deadline = Instant::now() + self.limits.idle_timeout;
+        let deadline = self.bounded(Instant::now() + self.limits.idle_timeout);
         let stop = self.stop.clone();
         let mut reader = DeadlineRead::new(&mut self.stream, deadline).stop_on(&stop);
         match reader.read(start) {
@@ -136,11 +183,16 @@ impl Served {
         }
     }
 
-    /// The stream, read under a deadline of `frame_deadline` from now: what a handler reads
-    /// the rest of a frame through.
-    pub fn frame(&mut self) -> DeadlineRead<'_, TcpStream> {
-        let deadline = Instant::now() + self.limits.frame_deadline;
-        DeadlineRead::new(&mut self.stream, deadline)
+    /// The stream, read under a deadline of `frame_deadline` from now (or the opening's end,
+    /// if that comes first): what a handler reads the rest of a frame through.
+    pub fn frame(&mut self) -> DeadlineRead<'_, S> {
+        let deadline = self.bounded(Instant::now() + self.limits.frame_deadline);
+        DeadlineRead {
+            inner: &mut self.stream,
+            deadline,
+            stop: None,
+            opening: Some(&self.opening),
+        }
     }
 }
 
@@ -152,6 +204,7 @@ pub struct DeadlineRead<'a, S> {
     inner: &'a mut S,
     deadline: Instant,
     stop: Option<&'a AtomicBool>,
+    opening: Option<&'a Opening>,
 }
 
 impl<'a, S> DeadlineRead<'a, S> {
@@ -161,7 +214,14 @@ impl<'a, S> DeadlineRead<'a, S> {
             inner,
             deadline,
             stop: None,
+            opening: None,
         }
+    }
+
+    /// For a frame of a served connection ([`Served::frame`]): [`Served::opened`]. Always
+    /// `true` for any other stream.
+    pub fn opened(&self) -> bool {
+        self.opening.is_none_or(Opening::open)
     }
 
     /// Also gives up (with `ConnectionAborted`) once `stop` is raised.
@@ -261,108 +321,376 @@ impl<S: Write> Write for Replayed<'_, S> {
     }
 }
 
-/// One accept loop for every listener: a connection limit, connections set up the same way
-/// ([`Served`]), one thread each, and on drop every connection cut and every thread joined,
-/// so that nothing a listener started outlives it.
-#[derive(Debug)]
-pub struct Acceptor {
-    local: SocketAddr,
-    stop: Arc<AtomicBool>,
+/// A listener an [`Acceptor`] serves: a TCP socket, or a Unix one.
+pub trait Listen: Send + 'static {
+    /// The connections it accepts.
+    type Stream: ServeStream;
+    /// Its address.
+    type Addr: Clone + std::fmt::Debug + Send + Sync + 'static;
+    /// Its address, as bound.
+    fn address(&self) -> io::Result<Self::Addr>;
+    /// Waits for the next connection; returns it and who connected (for log lines).
+    fn next_connection(&self) -> io::Result<(Self::Stream, String)>;
+    /// Unblocks a thread waiting in `next_connection` on `addr` (by connecting once).
+    fn wake(addr: &Self::Addr);
+}
+
+/// A connection an [`Acceptor`] serves.
+pub trait ServeStream: Read + Write + Send + Sized + 'static {
+    /// Sets the connection up as every served one is (no Nagle where there is one, reads
+    /// that wake every [`READ_TICK`], writes bounded by `write_timeout`); returns a second
+    /// handle to it, to cut it with.
+    fn prepare(&self, write_timeout: Duration) -> io::Result<Self>;
+    /// Shuts the connection down both ways: a read blocked on it returns at once.
+    fn cut(&self);
+}
+
+impl Listen for TcpListener {
+    type Stream = TcpStream;
+    type Addr = SocketAddr;
+
+    fn address(&self) -> io::Result<SocketAddr> {
+        self.local_addr()
+    }
+
+    fn next_connection(&self) -> io::Result<(TcpStream, String)> {
+        let (stream, peer) = self.accept()?;
+        Ok((stream, peer.to_string()))
+    }
+
+    fn wake(addr: &SocketAddr) {
+        wake_acceptor(*addr);
+    }
+}
+
+impl ServeStream for TcpStream {
+    fn prepare(&self, write_timeout: Duration) -> io::Result<Self> {
+        self.set_nodelay(true)?;
+        self.set_read_timeout(Some(READ_TICK))?;
+        self.set_write_timeout(Some(write_timeout))?;
+        self.try_clone()
+    }
+
+    fn cut(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+}
+
+impl Listen for UnixListener {
+    type Stream = UnixStream;
+    type Addr = UnixAddr;
+
+    fn address(&self) -> io::Result<UnixAddr> {
+        self.local_addr()
+    }
+
+    fn next_connection(&self) -> io::Result<(UnixStream, String)> {
+        let (stream, peer) = self.accept()?;
+        Ok((stream, format!("{peer:?}")))
+    }
+
+    fn wake(addr: &UnixAddr) {
+        let _ = UnixStream::connect_addr(addr);
+    }
+}
+
+impl ServeStream for UnixStream {
+    fn prepare(&self, write_timeout: Duration) -> io::Result<Self> {
+        self.set_read_timeout(Some(READ_TICK))?;
+        self.set_write_timeout(Some(write_timeout))?;
+        self.try_clone()
+    }
+
+    fn cut(&self) {
+        let _ = self.shutdown(Shutdown::Both);
+    }
+}
+
+/// One accept loop for every listener: the connection limits of [`ServeLimits`] (a budget
+/// for connections past their opening, a separate one for connections still in it, and the
+/// exchange timeout), connections set up the same way ([`Served`]), one thread each, and on
+/// drop every connection cut and every thread joined, so that nothing a listener started
+/// outlives it. The accept thread never waits for a slot: a connection over the opening
+/// budget takes the place of the oldest still opening, and a thread of its own closes every
+/// connection whose opening outlasts the exchange timeout.
+pub struct Acceptor<L: Listen = TcpListener> {
+    local: L::Addr,
+    table: Arc<Table>,
     thread: Option<JoinHandle<()>>,
+    reaper: Option<JoinHandle<()>>,
+}
+
+impl<L: Listen> std::fmt::Debug for Acceptor<L> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acceptor")
+            .field("local", &self.local)
+            .field("name", &self.table.name)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What an [`Acceptor`] runs for each connection.
-pub type Handler = Arc<dyn Fn(Served) + Send + Sync>;
+pub type Handler<S = TcpStream> = Arc<dyn Fn(Served<S>) + Send + Sync>;
 
 impl Acceptor {
     /// Serves `listener` on a thread named `name`, running `handler` on a thread of its own
-    /// for each connection, at most `limits.max_connections` at once.
+    /// for each connection, within `limits`.
     pub fn serve(
         listener: TcpListener,
         name: &str,
         limits: ServeLimits,
         handler: Handler,
     ) -> io::Result<Self> {
-        let local = listener.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        Self::serve_on(listener, name, limits, handler)
+    }
+}
+
+impl<L: Listen> Acceptor<L> {
+    /// [`Acceptor::serve`] for any listener (a Unix socket's, say).
+    pub fn serve_on(
+        listener: L,
+        name: &str,
+        limits: ServeLimits,
+        handler: Handler<L::Stream>,
+    ) -> io::Result<Self> {
+        let local = listener.address()?;
+        let table = Arc::new(Table {
+            slots: Mutex::default(),
+            changed: Condvar::new(),
+            limits,
+            name: name.to_owned(),
+            stop: Arc::new(AtomicBool::new(false)),
+        });
+        let reaping = table.clone();
+        let reaper = std::thread::Builder::new()
+            .name(format!("{name}-reap"))
+            .spawn(move || reap(&reaping))?;
+        let serving = table.clone();
         let conn_name = format!("{name}-conn");
         let thread = std::thread::Builder::new()
             .name(name.to_owned())
-            .spawn(move || accept_loop(listener, &conn_name, limits, &handler, &flag))?;
-        Ok(Self {
+            .spawn(move || accept_loop(&listener, &conn_name, &serving, &handler));
+        let mut acceptor = Self {
             local,
-            stop,
-            thread: Some(thread),
-        })
+            table,
+            thread: None,
+            reaper: Some(reaper),
+        };
+        // On an error the reaper is stopped and joined by the drop.
+        acceptor.thread = Some(thread?);
+        Ok(acceptor)
     }
 
     /// The bound address.
-    pub fn local_addr(&self) -> SocketAddr {
-        self.local
+    pub fn local_addr(&self) -> L::Addr {
+        self.local.clone()
     }
 }
 
-/// The sockets of live connections (clones, to cut them at shutdown), by connection id.
-type Live = Arc<Mutex<Vec<(u64, TcpStream)>>>;
-
-/// How long a new connection waits for a slot when every one is taken: a connection that
-/// has sent its last answer holds its slot until its thread ends, a moment after its client
-/// (which may already be opening the next connection) has the answer.
+/// How long a connection that has completed its opening waits for a slot when every one
+/// is taken: a connection that has sent its last answer holds its slot until its thread
+/// ends, a moment after its client (which may already be opening the next connection) has
+/// the answer. The connection waits on its own thread, never the accept thread.
 const FINISHING_GRACE: Duration = Duration::from_millis(50);
 
-/// Whether fewer than `max` connections are live, now or within `grace`.
-fn slot_frees_within(live: &Live, max: usize, grace: Duration) -> bool {
-    let until = Instant::now() + grace;
-    loop {
-        if lock(live).len() < max {
-            return true;
+/// At most one log line a second about each kind of connection closed for the limits: a
+/// flood of them would otherwise flood the log.
+const QUIET: Duration = Duration::from_secs(1);
+
+/// The connections of one listener and its limits, shared by its accept thread, its reaper
+/// and its connections.
+struct Table {
+    slots: Mutex<Slots>,
+    /// Raised whenever a connection leaves, opens or is closed, and when a new one arrives.
+    changed: Condvar,
+    limits: ServeLimits,
+    name: String,
+    stop: Arc<AtomicBool>,
+}
+
+#[derive(Default)]
+struct Slots {
+    /// Live connections, oldest first.
+    conns: Vec<Conn>,
+    opening: usize,
+    open: usize,
+    /// Log lines held back (see [`QUIET`]).
+    displaced: Quiet,
+    expired: Quiet,
+    refused: Quiet,
+}
+
+/// A live connection.
+struct Conn {
+    id: u64,
+    phase: Phase,
+    /// When its opening must be complete.
+    deadline: Instant,
+    peer: String,
+    cut: Box<dyn Fn() + Send>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Opening,
+    Open,
+    /// Cut by the listener; its thread has not ended yet.
+    Cut,
+}
+
+impl Slots {
+    fn position(&self, id: u64) -> Option<usize> {
+        self.conns.iter().position(|c| c.id == id)
+    }
+
+    /// Cuts the connection at `at`; it stops counting against the limits at once (its
+    /// thread, whose read the cut ends, removes it).
+    fn cut(&mut self, at: usize) {
+        let conn = &mut self.conns[at];
+        match conn.phase {
+            Phase::Opening => self.opening -= 1,
+            Phase::Open => self.open -= 1,
+            Phase::Cut => return,
         }
-        if Instant::now() >= until {
-            return false;
+        conn.phase = Phase::Cut;
+        (conn.cut)();
+    }
+
+    fn remove(&mut self, id: u64) {
+        if let Some(at) = self.position(id) {
+            match self.conns[at].phase {
+                Phase::Opening => self.opening -= 1,
+                Phase::Open => self.open -= 1,
+                Phase::Cut => {}
+            }
+            self.conns.remove(at);
         }
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
-fn accept_loop(
-    listener: TcpListener,
+/// Counts events whose log line is held back.
+#[derive(Default)]
+struct Quiet {
+    last: Option<Instant>,
+    held: u64,
+}
+
+impl Quiet {
+    /// One more event: `Some(events since the last line)` when a line is due.
+    fn note(&mut self, events: u64) -> Option<u64> {
+        self.held += events;
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|last| now.duration_since(last) < QUIET)
+        {
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.held))
+    }
+}
+
+/// A served connection's place in its listener's table, until its handler returns.
+struct Opening {
+    table: Arc<Table>,
+    id: u64,
+    deadline: Instant,
+    done: AtomicBool,
+}
+
+impl std::fmt::Debug for Opening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opening")
+            .field("id", &self.id)
+            .field("deadline", &self.deadline)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Opening {
+    fn deadline(&self) -> Option<Instant> {
+        (!self.done.load(Ordering::Acquire)).then_some(self.deadline)
+    }
+
+    fn open(&self) -> bool {
+        if self.done.load(Ordering::Acquire) {
+            return true;
+        }
+        let table = &*self.table;
+        let max = table.limits.max_connections;
+        let until = (Instant::now() + FINISHING_GRACE).min(self.deadline);
+        let mut slots = lock(&table.slots);
+        loop {
+            let Some(at) = slots
+                .position(self.id)
+                .filter(|&at| slots.conns[at].phase == Phase::Opening)
+            else {
+                return false;
+            };
+            if slots.open < max {
+                slots.conns[at].phase = Phase::Open;
+                slots.opening -= 1;
+                slots.open += 1;
+                self.done.store(true, Ordering::Release);
+                return true;
+            }
+            let now = Instant::now();
+            if now >= until {
+                if let Some(more) = slots.refused.note(1) {
+                    tracing::warn!(
+                        "{}: {max} connections already; closing the one from {}{}",
+                        table.name,
+                        slots.conns[at].peer,
+                        also(more - 1)
+                    );
+                }
+                slots.cut(at);
+                table.changed.notify_all();
+                return false;
+            }
+            slots = table
+                .changed
+                .wait_timeout(slots, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// The tail of a log line that stands for others held back.
+fn also(held: u64) -> String {
+    if held == 0 {
+        String::new()
+    } else {
+        format!(" ({held} more like it since the last line)")
+    }
+}
+
+fn accept_loop<L: Listen>(
+    listener: &L,
     conn_name: &str,
-    limits: ServeLimits,
-    handler: &Handler,
-    stop: &Arc<AtomicBool>,
+    table: &Arc<Table>,
+    handler: &Handler<L::Stream>,
 ) {
-    let live: Live = Arc::default();
+    let limits = table.limits;
     let mut threads: Vec<JoinHandle<()>> = Vec::new();
     let mut next_id = 0u64;
-    for conn in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
+    loop {
+        let accepted = listener.next_connection();
+        if table.stop.load(Ordering::Acquire) {
             break;
         }
         threads.retain(|t| !t.is_finished());
-        let stream = match conn {
-            Ok(stream) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!("{conn_name}: accept failed: {e}");
                 continue;
             }
         };
-        let peer = stream
-            .peer_addr()
-            .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-        if !slot_frees_within(&live, limits.max_connections, FINISHING_GRACE) {
-            tracing::warn!(
-                "{conn_name}: {} connections already; closing the one from {peer}",
-                limits.max_connections
-            );
-            continue;
-        }
-        let setup = stream
-            .set_nodelay(true)
-            .and_then(|()| stream.set_read_timeout(Some(READ_TICK)))
-            .and_then(|()| stream.set_write_timeout(Some(limits.write_timeout)))
-            .and_then(|()| stream.try_clone());
-        let handle = match setup {
+        let handle = match stream.prepare(limits.write_timeout) {
             Ok(handle) => handle,
             Err(e) => {
                 tracing::warn!("{conn_name}: setting up the connection from {peer}: {e}");
@@ -371,35 +699,113 @@ fn accept_loop(
         };
         next_id += 1;
         let id = next_id;
-        lock(&live).push((id, handle));
+        let deadline = Instant::now() + limits.exchange_timeout;
+        {
+            let mut slots = lock(&table.slots);
+            if slots.opening >= limits.max_opening.max(1)
+                && let Some(oldest) = slots.conns.iter().position(|c| c.phase == Phase::Opening)
+            {
+                if let Some(more) = slots.displaced.note(1) {
+                    tracing::warn!(
+                        "{}: {} connections still opening; closing the oldest, from {}, for \
+                         the one from {peer}{}",
+                        table.name,
+                        limits.max_opening,
+                        slots.conns[oldest].peer,
+                        also(more - 1)
+                    );
+                }
+                slots.cut(oldest);
+            }
+            slots.conns.push(Conn {
+                id,
+                phase: Phase::Opening,
+                deadline,
+                peer: peer.clone(),
+                cut: Box::new(move || handle.cut()),
+            });
+            slots.opening += 1;
+        }
+        table.changed.notify_all();
         let served = Served {
             stream,
             peer,
             limits,
-            stop: stop.clone(),
+            stop: table.stop.clone(),
+            opening: Opening {
+                table: table.clone(),
+                id,
+                deadline,
+                done: AtomicBool::new(false),
+            },
         };
-        let (handler, live_here) = (handler.clone(), live.clone());
+        let (handler, table_here) = (handler.clone(), table.clone());
         let spawned = std::thread::Builder::new()
             .name(conn_name.to_owned())
             .spawn(move || {
                 handler(served);
-                lock(&live_here).retain(|(other, _)| *other != id);
+                lock(&table_here.slots).remove(id);
+                table_here.changed.notify_all();
             });
         match spawned {
             Ok(thread) => threads.push(thread),
             Err(e) => {
                 tracing::warn!("{conn_name}: cannot start a thread: {e}");
-                lock(&live).retain(|(other, _)| *other != id);
+                lock(&table.slots).remove(id);
             }
         }
     }
     // Stopping: cut every connection and wait for its thread, so that no peer is served once
     // the listener is gone.
-    for (_, socket) in lock(&live).iter() {
-        let _ = socket.shutdown(Shutdown::Both);
+    for conn in lock(&table.slots).conns.iter() {
+        (conn.cut)();
     }
+    table.changed.notify_all();
     for thread in threads {
         let _ = thread.join();
+    }
+}
+
+/// Closes every connection still opening past its deadline, as the deadlines come, until
+/// the listener stops.
+fn reap(table: &Table) {
+    let mut slots = lock(&table.slots);
+    loop {
+        if table.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let now = Instant::now();
+        let mut expired = 0;
+        let mut next: Option<Instant> = None;
+        for at in 0..slots.conns.len() {
+            let (phase, deadline) = (slots.conns[at].phase, slots.conns[at].deadline);
+            if phase != Phase::Opening {
+                continue;
+            }
+            if deadline <= now {
+                slots.cut(at);
+                expired += 1;
+            } else {
+                next = Some(next.map_or(deadline, |n| n.min(deadline)));
+            }
+        }
+        if expired > 0 {
+            if let Some(closed) = slots.expired.note(expired) {
+                tracing::warn!(
+                    "{}: closed {closed} connection(s) that did not complete their opening \
+                     within {:?} of being accepted",
+                    table.name,
+                    table.limits.exchange_timeout
+                );
+            }
+            table.changed.notify_all();
+        }
+        let wait = next.map_or(Duration::from_secs(1), |n| n.saturating_duration_since(now));
+        slots = table
+            .changed
+            .wait_timeout(slots, wait)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
     }
 }
 
@@ -407,12 +813,18 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Drop for Acceptor {
+impl<L: Listen> Drop for Acceptor<L> {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        wake_acceptor(self.local);
+        self.table.stop.store(true, Ordering::Release);
+        // Under the lock, so that the reaper is either waiting (and woken) or sees the flag.
+        drop(lock(&self.table.slots));
+        self.table.changed.notify_all();
         if let Some(thread) = self.thread.take() {
+            L::wake(&self.local);
             let _ = thread.join();
+        }
+        if let Some(reaper) = self.reaper.take() {
+            let _ = reaper.join();
         }
     }
 }

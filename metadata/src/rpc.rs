@@ -472,6 +472,11 @@ fn serve_connection(
             return;
         }
     };
+    // The request is in: from here the connection holds a slot of the listener's own, and
+    // is not closed for its opening taking long (nor served if no slot frees).
+    if !frame.opened() {
+        return;
+    }
     let stream = frame.get_mut();
     match handler.handle(ty, &body) {
         Ok(reply) => {

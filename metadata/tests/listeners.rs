@@ -1,13 +1,15 @@
 //! Every listener holds up against slow and greedy clients, over real loopback sockets: a
 //! client that trickles a frame one byte at a time is dropped at the frame deadline (not kept
-//! alive by its trickle), one connection beyond the limit is closed at once, a store sends
-//! again what a full server dropped (and fails typed if it stays full), and dropping a
-//! server cuts its connections and returns. Also the secured HTTP metadata server: it stores
-//! only sealed values, deletes only with a token, and holds a bounded table.
+//! alive by its trickle), hundreds of silent connections neither keep an honest client out
+//! nor outlive the exchange timeout, one connection beyond the limit is closed once its
+//! request is in (and a silent one never takes a slot), a store sends again what a full
+//! server dropped (and fails typed if it stays full), and dropping a server cuts its
+//! connections and returns. Also the secured HTTP metadata server: it stores only sealed
+//! values, deletes only with a token, and holds a bounded table.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use tern_metadata::auth::ClusterSecret;
@@ -20,10 +22,13 @@ use tern_testkit::logs;
 
 const GOLDEN_TCP: &str = include_str!("golden/mooncake-tcp-segment.json");
 
-/// Tight limits: requests within 1 s of their first byte, 2 connections at once.
+/// Tight limits: requests within 1 s of their first byte, 2 connections at once (and 2
+/// still opening), 30 s to open.
 fn limits() -> ServeLimits {
     ServeLimits {
         max_connections: 2,
+        max_opening: 2,
+        exchange_timeout: Duration::from_secs(30),
         frame_deadline: Duration::from_secs(1),
         idle_timeout: Duration::from_secs(30),
         write_timeout: Duration::from_secs(5),
@@ -120,47 +125,248 @@ fn a_trickling_client_is_dropped_at_the_frame_deadline_on_every_listener() {
     assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
 }
 
-#[test]
-fn one_connection_beyond_the_limit_is_closed_at_once_and_the_slot_comes_back() {
-    logs::capture();
-    let rpc = rpc_server();
-    let http = http_server(None, 16);
-    for addr in [rpc.local_addr(), http.local_addr()] {
-        // Two idle clients hold both slots (the idle timeout is 30 s).
-        let mut held: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(addr).unwrap()).collect();
-        std::thread::sleep(Duration::from_millis(200));
-        let mut third = TcpStream::connect(addr).unwrap();
-        assert!(
-            closed_within(&mut third, Duration::from_secs(5)),
-            "{addr}: a third connection was kept"
-        );
-        assert!(
-            !logs::mentioning("connections already").is_empty(),
-            "{addr}: the refusal was not logged"
-        );
-        // One leaves: a new client is served.
-        drop(held.pop());
-        std::thread::sleep(Duration::from_millis(300));
-        let mut fourth = TcpStream::connect(addr).unwrap();
-        assert!(
-            !closed_within(&mut fourth, Duration::from_millis(500)),
-            "{addr}: a freed slot was not reused"
-        );
-        drop(held);
+/// A gate handlers wait at until it is opened.
+#[derive(Default)]
+struct Gate {
+    open: Mutex<bool>,
+    changed: Condvar,
+    waiting: Mutex<usize>,
+}
+
+/// Opens its gate when dropped: a failing test does not leave handlers waiting (and the
+/// server's drop, which joins them, hanging).
+struct OpensOnDrop(Arc<Gate>);
+
+impl Drop for OpensOnDrop {
+    fn drop(&mut self) {
+        self.0.open();
     }
+}
+
+impl Gate {
+    fn pass(&self) {
+        *self.waiting.lock().unwrap() += 1;
+        let open = self.open.lock().unwrap();
+        drop(self.changed.wait_while(open, |open| !*open).unwrap());
+    }
+
+    fn waiting(&self) -> usize {
+        *self.waiting.lock().unwrap()
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.changed.notify_all();
+    }
+}
+
+/// Waits (up to 10 s) until `done` holds.
+fn eventually(what: &str, done: impl Fn() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < until, "{what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn one_connection_beyond_the_limit_is_closed_once_its_request_is_in_and_the_slot_comes_back() {
+    logs::capture();
+    let gate = Arc::new(Gate::default());
+    let holding = gate.clone();
+    let handler = move |_: RpcType, _: &[u8]| {
+        holding.pass();
+        Ok(b"{\"status\":\"success\"}".to_vec())
+    };
+    let config = RpcServerConfig {
+        ports: PortChoice::Fixed(0),
+        limits: limits(),
+        ..RpcServerConfig::default()
+    };
+    let rpc = RpcServer::start("127.0.0.1".parse().unwrap(), config, Arc::new(handler)).unwrap();
+    let addr = rpc.local_addr();
+    let _opens = OpensOnDrop(gate.clone());
+    // Two clients whose requests are in hold both slots (their handlers wait at the gate).
+    let probe = rpc_frame(RpcType::Probe, b"{}");
+    let mut held: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            stream.write_all(&probe).unwrap();
+            stream
+        })
+        .collect();
+    eventually("both requests reached the handler", || gate.waiting() == 2);
+    // A third request is closed unanswered (after the 50 ms a finishing connection gets).
+    let mut third = TcpStream::connect(addr).unwrap();
+    third.write_all(&probe).unwrap();
+    assert!(
+        closed_within(&mut third, Duration::from_secs(5)),
+        "a third request was kept"
+    );
+    assert!(
+        !logs::mentioning("connections already").is_empty(),
+        "the refusal was not logged"
+    );
+    // A silent connection is not refused: it has not taken a slot, only a place to open.
+    let mut silent = TcpStream::connect(addr).unwrap();
+    assert!(
+        !closed_within(&mut silent, Duration::from_millis(500)),
+        "a connection still opening was refused"
+    );
+    // The held ones are answered and leave: the slot comes back, and the silent
+    // connection, sending its request now, is served.
+    gate.open();
+    for stream in &mut held {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut reply = Vec::new();
+        stream.read_to_end(&mut reply).unwrap();
+        assert!(!reply.is_empty(), "a held request was not answered");
+    }
+    drop(held);
+    // Their threads see the close and give their slots back.
+    std::thread::sleep(Duration::from_millis(300));
+    silent.write_all(&probe).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut reply = Vec::new();
+    silent.read_to_end(&mut reply).unwrap();
+    assert!(!reply.is_empty(), "a freed slot was not reused");
+}
+
+#[test]
+fn a_connection_beyond_the_opening_budget_takes_the_place_of_the_oldest_silent_one() {
+    logs::capture();
+    let http = http_server(None, 16);
+    let addr = http.local_addr();
+    // Two silent clients take both places to open (for 30 s each).
+    let mut quiet = silent(addr, 2);
+    std::thread::sleep(Duration::from_millis(200));
+    // A third is let in at once, and served; the oldest silent one is closed for it.
+    let request = b"GET /metadata?key=some-key HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut third = TcpStream::connect(addr).unwrap();
+    third.write_all(request).unwrap();
+    let mut reply = String::new();
+    third.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+    assert!(
+        closed_within(&mut quiet[0], Duration::from_secs(5)),
+        "the oldest silent connection kept its place"
+    );
+    assert!(
+        !logs::mentioning("still opening; closing the oldest").is_empty(),
+        "the displacement was not logged"
+    );
+}
+
+/// `n` connections to `addr` that never send a byte.
+fn silent(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    (0..n).map(|_| TcpStream::connect(addr).unwrap()).collect()
+}
+
+/// How many of `streams` the server has not closed within `wait` (from now, for all).
+fn still_open_after(streams: &mut [TcpStream], wait: Duration) -> usize {
+    let until = Instant::now() + wait;
+    let mut open = 0;
+    for stream in streams {
+        let left = until
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        if !closed_within(stream, left) {
+            open += 1;
+        }
+    }
+    open
+}
+
+/// Hundreds of connections that say nothing, to an RPC listener with a secret: an honest
+/// client's call is served while they sit there (the accept thread is not held up by them,
+/// and they take no slot), and each of them is closed once the exchange timeout (1 s) has
+/// passed, long before the idle timeout (30 s). With a small opening budget the newcomer
+/// takes the place of the oldest silent one instead.
+#[test]
+fn silent_connections_cannot_hold_the_rpc_listener_and_are_closed_at_the_exchange_timeout() {
+    logs::capture();
+    let secret = ClusterSecret::new(SECRET.as_bytes()).unwrap();
+    for max_opening in [512, 16] {
+        let config = RpcServerConfig {
+            ports: PortChoice::Fixed(0),
+            limits: ServeLimits {
+                max_connections: 4,
+                max_opening,
+                exchange_timeout: Duration::from_secs(1),
+                frame_deadline: Duration::from_secs(5),
+                idle_timeout: Duration::from_secs(30),
+                write_timeout: Duration::from_secs(5),
+            },
+            secret: Some(secret.clone()),
+            ..RpcServerConfig::default()
+        };
+        let handler = |_: RpcType, _: &[u8]| Ok(b"{\"status\":\"success\"}".to_vec());
+        let rpc =
+            RpcServer::start("127.0.0.1".parse().unwrap(), config, Arc::new(handler)).unwrap();
+        let mut quiet = silent(rpc.local_addr(), 300);
+        let client = RpcClientConfig {
+            secret: Some(secret.clone()),
+            ..RpcClientConfig::default()
+        };
+        let reply = rpc::call(
+            &rpc.local_addr().to_string(),
+            RpcType::Probe,
+            b"{}",
+            &client,
+        )
+        .unwrap_or_else(|e| panic!("budget {max_opening}: an honest call was kept out: {e}"));
+        assert!(!reply.is_empty());
+        let open = still_open_after(&mut quiet, Duration::from_secs(20));
+        assert_eq!(
+            open, 0,
+            "budget {max_opening}: silent connections still open"
+        );
+    }
+    assert!(
+        !logs::mentioning("did not complete their opening").is_empty(),
+        "the expiry was not logged"
+    );
+    assert!(
+        !logs::mentioning("still opening; closing the oldest").is_empty(),
+        "the displacement was not logged"
+    );
 }
 
 #[test]
 fn a_store_sends_again_what_a_full_server_dropped_and_fails_typed_when_it_stays_full() {
     logs::capture();
-    let http = http_server(None, 16);
+    let config = HttpServerConfig {
+        limits: ServeLimits {
+            write_timeout: Duration::from_secs(30),
+            ..limits()
+        },
+        secret: None,
+        max_entries: 16,
+    };
+    let http = HttpMetadataServer::start_with("127.0.0.1:0".parse().unwrap(), config).unwrap();
     let desc = SegmentDesc::from_json(GOLDEN_TCP.as_bytes()).unwrap();
     let client = store(&http, None);
-    // Both slots held for good: the request is dropped every time, and that is an error.
+    // Both slots held for good by clients whose requests are in (silent ones hold none):
+    // each asked for a value larger than the socket buffers take and reads nothing of the
+    // answer, so the server's write waits (up to its 30 s write timeout). The store's
+    // request is dropped every time, and that is an error.
+    let big = "x".repeat(30 << 20);
+    assert!(put(&http, "big", &big, "").starts_with("HTTP/1.1 200"));
     let held: Vec<TcpStream> = (0..2)
-        .map(|_| TcpStream::connect(http.local_addr()).unwrap())
+        .map(|_| {
+            let mut stream = TcpStream::connect(http.local_addr()).unwrap();
+            stream
+                .write_all(b"GET /metadata?key=big HTTP/1.1\r\n\r\n")
+                .unwrap();
+            // The answer has begun: the request holds its slot.
+            stream.peek(&mut [0u8; 1]).unwrap();
+            stream
+        })
         .collect();
-    std::thread::sleep(Duration::from_millis(200));
     match client.publish_segment("node-a", &desc) {
         Err(MetadataError::Store { .. }) => {}
         other => panic!("a server that stays full: {other:?}"),

@@ -5,19 +5,22 @@
 //! against this node's registered, remote-accessible memory: a memfd buffer is handed over
 //! as its descriptor (the peer maps it, and is told to unmap it, and confirms, before
 //! unregistering returns), any other buffer is pinned for as long as the peer's lease on it
-//! lasts, so unregistering it fails as in use meanwhile.
+//! lasts, so unregistering it fails as in use meanwhile. The socket is served by the one
+//! [`Acceptor`] every Tern listener runs: a connection that has not sent its hello (with a
+//! secret: its proof first) within the exchange timeout of being accepted is closed, and only
+//! one past it holds one of `max_inbound` slots.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tern_memreg::shm::{MemFd, peer_credentials, send_with_fds};
 use tern_memreg::{MemoryRegistry, RegionPin};
 use tern_metadata::auth::{self, Channel, ClusterSecret, Identity};
+use tern_metadata::net::{Acceptor, ServeLimits, Served};
 
 use crate::identity::VERSION;
 use crate::wire::{self, Frame, FrameReader, MAGIC, NONCE_LEN, Opened};
@@ -37,10 +40,26 @@ pub(crate) struct Owner {
     pub(crate) uid: u32,
     pub(crate) revoke_timeout: Duration,
     pub(crate) max_inbound: usize,
+    /// How long a connection may take from being accepted to its hello.
+    pub(crate) exchange_timeout: Duration,
     pub(crate) max_leases: usize,
     conns: Mutex<Vec<Arc<Conn>>>,
+    /// Revocations peers did not confirm in time, the latest first to go.
+    unconfirmed: Mutex<Vec<Unconfirmed>>,
     next_revoke: AtomicU64,
     stop: AtomicBool,
+}
+
+/// How many unconfirmed revocations an owner keeps for its report.
+const MAX_UNCONFIRMED_KEPT: usize = 16;
+
+/// A revocation a peer did not confirm in time.
+#[derive(Debug, Clone)]
+pub(crate) struct Unconfirmed {
+    /// The peer's segment, as it said in its hello.
+    pub(crate) peer: String,
+    /// What happened.
+    pub(crate) message: String,
 }
 
 /// One peer's connection.
@@ -70,6 +89,7 @@ impl Owner {
         secret: Option<ClusterSecret>,
         revoke_timeout: Duration,
         max_inbound: usize,
+        exchange_timeout: Duration,
     ) -> Self {
         Self {
             registry,
@@ -80,8 +100,10 @@ impl Owner {
             uid: tern_memreg::shm::effective_uid(),
             revoke_timeout,
             max_inbound,
+            exchange_timeout,
             max_leases: 256,
             conns: Mutex::default(),
+            unconfirmed: Mutex::default(),
             next_revoke: AtomicU64::new(1),
             stop: AtomicBool::new(false),
         }
@@ -97,8 +119,10 @@ impl Owner {
     /// The buffer at `addr` (`len` bytes) is being unregistered: forget its memfd, tell every
     /// peer that mapped it to stop, and wait (up to the revoke timeout) until each has
     /// confirmed that nothing of it copies into the buffer any more. A peer that does not
-    /// confirm in time is cut off, which unmaps everything it had of this node.
-    pub(crate) fn revoke(&self, addr: usize) {
+    /// confirm in time is cut off (its socket is shut down), but nothing here can unmap its
+    /// mapping: it goes only once that peer reads the close and its copies finish. Such
+    /// peers are returned, each with what happened, and remembered for the report.
+    pub(crate) fn revoke(&self, addr: usize) -> Vec<Unconfirmed> {
         lock(&self.memfds).remove(&addr);
         let conns: Vec<Arc<Conn>> = lock(&self.conns).clone();
         let mut waits = Vec::new();
@@ -119,6 +143,7 @@ impl Owner {
             }
         }
         let deadline = Instant::now() + self.revoke_timeout;
+        let mut unconfirmed_now = Vec::new();
         for (conn, id) in waits {
             let state = lock(&conn.state);
             let left = deadline.saturating_duration_since(Instant::now());
@@ -127,14 +152,31 @@ impl Owner {
                 .wait_timeout_while(state, left, |s| s.revoking.contains(&id) && !s.closed)
                 .unwrap_or_else(|p| p.into_inner());
             if state.revoking.contains(&id) && !state.closed {
-                tracing::warn!(
-                    "shm peer {} did not confirm unmapping {addr:#x} within {:?}; cutting it off",
-                    state.peer,
-                    self.revoke_timeout
-                );
+                let unconfirmed = Unconfirmed {
+                    peer: state.peer.clone(),
+                    message: format!(
+                        "did not confirm unmapping the buffer at {addr:#x} within {:?}: cut \
+                         off, but it may keep the buffer's pages mapped until it reads the close",
+                        self.revoke_timeout
+                    ),
+                };
+                tracing::warn!("shm peer {}: {}", unconfirmed.peer, unconfirmed.message);
                 let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+                unconfirmed_now.push(unconfirmed);
             }
         }
+        if !unconfirmed_now.is_empty() {
+            let mut kept = lock(&self.unconfirmed);
+            kept.extend(unconfirmed_now.iter().cloned());
+            let excess = kept.len().saturating_sub(MAX_UNCONFIRMED_KEPT);
+            kept.drain(..excess);
+        }
+        unconfirmed_now
+    }
+
+    /// Revocations peers did not confirm (the latest [`MAX_UNCONFIRMED_KEPT`]).
+    pub(crate) fn unconfirmed(&self) -> Vec<Unconfirmed> {
+        lock(&self.unconfirmed).clone()
     }
 
     /// Peers connected now.
@@ -160,7 +202,7 @@ pub(crate) fn in_process(socket: &str) -> Option<Arc<MemoryRegistry>> {
 /// The listener and its connections; stopped and joined on drop.
 pub(crate) struct Server {
     owner: Arc<Owner>,
-    thread: Option<JoinHandle<()>>,
+    acceptor: Option<Acceptor<UnixListener>>,
 }
 
 impl Server {
@@ -168,17 +210,27 @@ impl Server {
     pub(crate) fn start(owner: Arc<Owner>) -> std::io::Result<Self> {
         let addr = SocketAddr::from_abstract_name(owner.socket.as_bytes())?;
         let listener = UnixListener::bind_addr(&addr)?;
+        let limits = ServeLimits {
+            max_connections: owner.max_inbound,
+            max_opening: owner.max_inbound,
+            exchange_timeout: owner.exchange_timeout,
+            write_timeout: owner.revoke_timeout,
+            ..ServeLimits::default()
+        };
         let serving = owner.clone();
-        let thread = std::thread::Builder::new()
-            .name("tern-shm-accept".into())
-            .spawn(move || accept_loop(&listener, &serving))?;
+        let acceptor = Acceptor::serve_on(
+            listener,
+            "tern-shm-accept",
+            limits,
+            Arc::new(move |served: Served<UnixStream>| serve_peer(&serving, &served)),
+        )?;
         let mut here = lock(&IN_PROCESS);
         here.retain(|(_, o)| o.strong_count() > 0);
         here.push((owner.socket.clone(), Arc::downgrade(&owner)));
         drop(here);
         Ok(Self {
             owner,
-            thread: Some(thread),
+            acceptor: Some(acceptor),
         })
     }
 }
@@ -187,86 +239,58 @@ impl Drop for Server {
     fn drop(&mut self) {
         lock(&IN_PROCESS).retain(|(name, _)| *name != self.owner.socket);
         self.owner.stop.store(true, Ordering::Release);
-        if let Ok(addr) = SocketAddr::from_abstract_name(self.owner.socket.as_bytes()) {
-            let _ = UnixStream::connect_addr(&addr);
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        // Cuts every connection and joins its thread.
+        drop(self.acceptor.take());
     }
 }
 
-fn accept_loop(listener: &UnixListener, owner: &Arc<Owner>) {
-    let mut threads: Vec<JoinHandle<()>> = Vec::new();
-    for stream in listener.incoming() {
-        if owner.stop.load(Ordering::Acquire) {
-            break;
-        }
-        threads.retain(|t| !t.is_finished());
-        let stream = match stream {
-            Ok(stream) => stream,
-            Err(e) => {
-                tracing::warn!("shm socket {}: accept failed: {e}", owner.socket);
-                continue;
-            }
-        };
-        if lock(&owner.conns).len() >= owner.max_inbound {
-            tracing::warn!(
-                "shm socket {}: {} peers already; closing one more",
-                owner.socket,
-                owner.max_inbound
-            );
-            continue;
-        }
-        let Ok(write_half) = stream.try_clone() else {
-            continue;
-        };
-        let conn = Arc::new(Conn {
-            stream: write_half,
-            state: Mutex::default(),
-            changed: Condvar::new(),
-        });
-        lock(&owner.conns).push(conn.clone());
-        let serving = owner.clone();
-        let spawned = std::thread::Builder::new()
-            .name("tern-shm-conn".into())
-            .spawn(move || {
-                if let Err(reason) = serve(&serving, &conn, &stream)
-                    && !serving.stop.load(Ordering::Acquire)
-                {
-                    let peer = lock(&conn.state).peer.clone();
-                    tracing::warn!("shm peer {peer:?} refused: {reason}");
-                    let _ = wire::send(&conn.stream, &Frame::Refused { reason }.encode());
-                }
-                let mut state = lock(&conn.state);
-                state.closed = true;
-                conn.changed.notify_all();
-                drop(state);
-                let _ = conn.stream.shutdown(std::net::Shutdown::Both);
-                lock(&serving.conns).retain(|c| !Arc::ptr_eq(c, &conn));
-            });
-        match spawned {
-            Ok(thread) => threads.push(thread),
-            Err(e) => tracing::warn!("shm socket: cannot start a thread: {e}"),
-        }
+/// Runs one peer's connection: registered with the owner (for revocations) while it lives.
+fn serve_peer(owner: &Arc<Owner>, served: &Served<UnixStream>) {
+    let Ok(write_half) = served.stream.try_clone() else {
+        return;
+    };
+    let conn = Arc::new(Conn {
+        stream: write_half,
+        state: Mutex::default(),
+        changed: Condvar::new(),
+    });
+    lock(&owner.conns).push(conn.clone());
+    if let Err(reason) = serve(owner, &conn, served)
+        && !owner.stop.load(Ordering::Acquire)
+        && !served.stopping()
+    {
+        let peer = lock(&conn.state).peer.clone();
+        tracing::warn!("shm peer {peer:?} refused: {reason}");
+        let _ = wire::send(&conn.stream, &Frame::Refused { reason }.encode());
     }
-    for conn in lock(&owner.conns).iter() {
-        let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+    let mut state = lock(&conn.state);
+    state.closed = true;
+    conn.changed.notify_all();
+    drop(state);
+    let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+    lock(&owner.conns).retain(|c| !Arc::ptr_eq(c, &conn));
+}
+
+/// Bounds the next read of the opening by what is left of it (the acceptor closes the
+/// connection at its end in any case; this makes the read fail first, with a reason).
+fn bound_opening(served: &Served<UnixStream>) -> Result<(), String> {
+    let left = served.opening_deadline().map_or(Duration::ZERO, |d| {
+        d.saturating_duration_since(Instant::now())
+    });
+    if left.is_zero() {
+        return Err("the opening took longer than the exchange timeout".into());
     }
-    for thread in threads {
-        let _ = thread.join();
-    }
+    served
+        .stream
+        .set_read_timeout(Some(left))
+        .map_err(|e| format!("setting up the connection: {e}"))
 }
 
 /// Serves one peer until it leaves (`Ok`) or misbehaves (`Err(reason)`, which it is told).
-fn serve(owner: &Owner, conn: &Conn, stream: &UnixStream) -> Result<(), String> {
+fn serve(owner: &Owner, conn: &Conn, served: &Served<UnixStream>) -> Result<(), String> {
     let setup = |e: std::io::Error| format!("setting up the connection: {e}");
-    stream
-        .set_read_timeout(Some(auth::EXCHANGE_TIMEOUT))
-        .map_err(setup)?;
-    stream
-        .set_write_timeout(Some(owner.revoke_timeout))
-        .map_err(setup)?;
+    let stream = &served.stream;
+    bound_opening(served)?;
     let cred = peer_credentials(stream).map_err(|e| format!("SO_PEERCRED: {e}"))?;
     if cred.uid != owner.uid {
         return Err(format!(
@@ -287,6 +311,7 @@ fn serve(owner: &Owner, conn: &Conn, stream: &UnixStream) -> Result<(), String> 
         }
     }
     let mut reader = FrameReader::new();
+    bound_opening(served)?;
     let hello = match reader.next(stream) {
         Ok(Some(frame)) => frame,
         Ok(None) => return Ok(()),
@@ -314,6 +339,10 @@ fn serve(owner: &Owner, conn: &Conn, stream: &UnixStream) -> Result<(), String> 
             "it wants segment {server_segment:?}, but this is {:?}",
             owner.segment
         ));
+    }
+    // The hello is in: the connection takes a slot of the listener's, or is closed.
+    if !served.opened() {
+        return Ok(());
     }
     // The peer reads the nonce back from here by cross-memory attach, if the kernel lets
     // it: that proves which process it reached. It lives as long as the connection.

@@ -1,7 +1,10 @@
 //! The data server: with a cluster secret, refuses every connection whose peer does not prove
 //! it knows it (before a header is read); then checks every request against registered memory
 //! and moves the bytes. Connections are accepted, limited and joined by the one
-//! [`Acceptor`]; a request must arrive within its deadline from its first byte.
+//! [`Acceptor`]: a connection that has not sent its first request header (with a secret:
+//! its proof) within the exchange timeout of being accepted is closed, and only one past
+//! that holds one of `max_inbound` slots; a request must arrive within its deadline from its
+//! first byte.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -61,6 +64,8 @@ impl Server {
         };
         let limits = ServeLimits {
             max_connections: config.max_inbound,
+            max_opening: config.max_inbound,
+            exchange_timeout: config.exchange_timeout,
             frame_deadline: config.io_timeout.min(auth::EXCHANGE_TIMEOUT),
             idle_timeout: config.idle_timeout,
             write_timeout: config.io_timeout,
@@ -120,6 +125,9 @@ fn serve(
         if let Err(e) = auth::server_handshake(&mut stream, secret, Channel::TcpData, me) {
             return Err(format!("refused, nothing served: {e}"));
         }
+        if !served.opened() {
+            return Ok(());
+        }
     }
     // What arrived beyond the last request: the next headers (a client sends the headers of
     // consecutive reads together) or the start of a write's body, taken in one read.
@@ -142,6 +150,9 @@ fn serve(
             if staged.len() < HEADER_LEN {
                 read_rest(&mut served.frame(), &mut staged, HEADER_LEN)?;
             }
+        }
+        if !served.opened() {
+            return Ok(());
         }
         let header = Header::decode(staged.peek_header());
         if header.version() > u32::from(proto_version.max(1)) {
