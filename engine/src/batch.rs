@@ -3,9 +3,17 @@
 //! A task's state lives in atomics so that status reads take no lock; a finished task never
 //! changes again (the first final state wins a compare-and-swap). Waiters sleep on a condvar
 //! that the last task to finish signals; each slice costs one atomic add on its task.
+//!
+//! A task that ends other than Completed (deadline, cancel, a failed slice) is *reported*
+//! so only once every slice of it has let go (reported, abandoned or dropped): until then a
+//! status read shows it Pending, and waiters ask the transports to cut its slices off
+//! ([`Transport::cut_off`]) and wait up to [`DRAIN`] for them. So whoever sees a task
+//! Timeout, Canceled or Failed knows that no slice of it touches local memory any more. The
+//! count is the one the slices keep anyway: every slice, whatever its outcome, adds one to
+//! its task's progress word, and the one that brings it to the total settles the task.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
 /// Called once when a batch has no unfinished task left; see [`Batch::on_complete`].
 type CompletionHook = Box<dyn FnOnce() + Send>;
@@ -21,6 +29,7 @@ impl std::fmt::Debug for Hooks {
 }
 use std::time::{Duration, Instant};
 
+use crate::engine::EngineInner;
 use crate::error::{EngineError, TransferError};
 use crate::stats::{EngineCounters, Tally, clock_ns, completion_ns, epoch};
 use crate::transport::Transport;
@@ -32,6 +41,14 @@ const COMPLETED: u8 = 2;
 const FAILED: u8 = 3;
 const TIMEOUT: u8 = 4;
 const CANCELED: u8 = 5;
+
+/// How long a task that ended other than Completed may take for its slices still in flight
+/// to let go, once the transports were asked to cut them off: a wait (or cancel) that ended
+/// tasks waits this long at most for them, and a task whose slices are still out after it
+/// stays Pending.
+pub const DRAIN: Duration = Duration::from_secs(2);
+/// How often a waiter asks the transports again to cut off the slices of ended tasks.
+const CUT_AGAIN: Duration = Duration::from_millis(20);
 
 /// Bytes a task may move: a request longer than this is refused at submit.
 pub(crate) const MAX_TASK_BYTES: u64 = (1 << PROGRESS_SHIFT) - 1;
@@ -45,7 +62,11 @@ const PROGRESS_SHIFT: u32 = 40;
 const STATE_MASK: u64 = 0b111;
 const FIRST_SHIFT: u32 = 3;
 const FIRST_MASK: u64 = 0b1_1111 << FIRST_SHIFT;
-const ENDED_SHIFT: u32 = 8;
+/// A final state's bit once every slice of the task has let go: only then is the final state
+/// shown, and the task counted finished. Completed tasks have it from the start (their last
+/// slice completes them).
+const SETTLED: u64 = 1 << 8;
+const ENDED_SHIFT: u32 = 9;
 /// The bit of a task's slice total that marks a write.
 const WRITE_FLAG: u32 = 1 << 31;
 
@@ -67,12 +88,23 @@ pub(crate) struct TaskState {
     /// the transports that carried them count as they report, and slices skipped. Added to
     /// before `progress`.
     uncredited: AtomicU64,
+    /// A write some of whose bytes left without their landing being confirmed: they may
+    /// still land at the peer after the task ended.
+    remote_may_change: AtomicBool,
     error: OnceLock<TransferError>,
 }
 
 impl TaskState {
     fn bytes(&self) -> u64 {
         self.progress.load(Ordering::Relaxed) & MAX_TASK_BYTES
+    }
+
+    /// Whether every slice of the task has let go. Progress first, then the total: the
+    /// total grows only while a slice is out, so a total read after a progress equal to it
+    /// means none was out when the progress was read.
+    fn released(&self) -> bool {
+        let done = self.progress.load(Ordering::SeqCst) >> PROGRESS_SHIFT;
+        done == u64::from(self.slices_total.load(Ordering::SeqCst) & !WRITE_FLAG)
     }
 }
 
@@ -195,12 +227,18 @@ pub(crate) struct BatchInner {
     /// when there are none (the common case).
     hooks: Mutex<Hooks>,
     has_hooks: AtomicBool,
+    /// Tasks ended other than Completed whose slices have not all let go.
+    ending: AtomicUsize,
+    /// When the transports were last asked to cut off (`stats::clock_ns`).
+    last_cut_ns: AtomicU64,
+    /// The engine, whose transports cut off the slices of ended tasks.
+    engine: Weak<EngineInner>,
 }
 
 impl BatchInner {
     #[cfg(test)]
     pub(crate) fn new(capacity: usize) -> Self {
-        Self::timed(capacity, Duration::ZERO, None, None)
+        Self::timed(capacity, Duration::ZERO, None, None, Weak::new())
     }
 
     pub(crate) fn timed(
@@ -208,6 +246,7 @@ impl BatchInner {
         spin: Duration,
         timer: Option<Arc<EngineCounters>>,
         helpers: Option<Helpers>,
+        engine: Weak<EngineInner>,
     ) -> Self {
         let tasks = Arc::new(TaskTable {
             tasks: (0..capacity).map(|_| TaskState::default()).collect(),
@@ -231,6 +270,9 @@ impl BatchInner {
             helpers,
             hooks: Mutex::new(Hooks::default()),
             has_hooks: AtomicBool::new(false),
+            ending: AtomicUsize::new(0),
+            last_cut_ns: AtomicU64::new(0),
+            engine,
         }
     }
 
@@ -277,31 +319,101 @@ impl BatchInner {
         } else {
             0
         };
-        t.slices_total.store(slices | write, Ordering::Relaxed);
+        t.slices_total.store(slices | write, Ordering::SeqCst);
         let first = ((first as u64 + 1) << FIRST_SHIFT) & FIRST_MASK;
-        t.state.store(u64::from(PENDING) | first, Ordering::Release);
+        let started = t.state.compare_exchange(
+            u64::from(WAITING),
+            u64::from(PENDING) | first,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+        if started.is_err() {
+            // Ended (canceled, timed out) before it started: its slices, handed over after
+            // this, let go unrun, and the last of them settles it; with none, it settles now.
+            self.settle_if_released(task);
+        }
     }
 
-    /// Moves a pending (or just-reserved) task to a final state, ended at `ended_ns` (0:
-    /// untimed); false if it already was.
-    fn finish(&self, task: usize, state: u8, ended_ns: u64) -> bool {
+    /// Moves a pending (or just-reserved) task to a final state other than Completed; false
+    /// if it already was final. The task is settled (shown, and counted finished) once its
+    /// slices have all let go: here if they have, else by the last of them.
+    fn end(&self, task: usize, state: u8) -> bool {
         let t = &self.tasks[task];
-        let mut current = t.state.load(Ordering::Acquire);
+        let mut current = t.state.load(Ordering::SeqCst);
         loop {
             if !matches!(state_of(current), PENDING | WAITING) {
                 return false;
             }
-            let next = u64::from(state)
-                | (current & FIRST_MASK)
-                | (ended_ns & (u64::MAX >> ENDED_SHIFT)) << ENDED_SHIFT;
+            let next = u64::from(state) | (current & FIRST_MASK);
             match t
                 .state
-                .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst)
             {
                 Ok(_) => break,
                 Err(now) => current = now,
             }
         }
+        self.ending.fetch_add(1, Ordering::SeqCst);
+        // A task ended before it started is settled by `start_task` (its slices exist but
+        // are not counted yet) or by `fail_unstarted`.
+        if state_of(current) == PENDING {
+            self.settle_if_released(task);
+        }
+        true
+    }
+
+    /// Settles `task` if it has ended other than Completed and every slice has let go.
+    fn settle_if_released(&self, task: usize) {
+        if self.tasks[task].released() {
+            self.settle(task);
+        }
+    }
+
+    /// The last slice of `task` let go: completes it if nothing ended it before, else shows
+    /// the state it ended in.
+    fn last_released(&self, task: usize, ended_ns: u64) {
+        let t = &self.tasks[task];
+        let current = t.state.load(Ordering::SeqCst);
+        if matches!(state_of(current), PENDING | WAITING) {
+            let next = u64::from(COMPLETED)
+                | SETTLED
+                | (current & FIRST_MASK)
+                | (ended_ns & (u64::MAX >> ENDED_SHIFT)) << ENDED_SHIFT;
+            if t.state
+                .compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                self.finished();
+                return;
+            }
+        }
+        self.settle(task);
+    }
+
+    /// Marks an ended task settled, once (whoever sees it both ended and released first).
+    fn settle(&self, task: usize) {
+        let t = &self.tasks[task];
+        let mut current = t.state.load(Ordering::SeqCst);
+        loop {
+            if matches!(state_of(current), PENDING | WAITING) || current & SETTLED != 0 {
+                return;
+            }
+            match t.state.compare_exchange(
+                current,
+                current | SETTLED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break,
+                Err(now) => current = now,
+            }
+        }
+        self.ending.fetch_sub(1, Ordering::SeqCst);
+        self.finished();
+    }
+
+    /// One task more has finished (and shows so).
+    fn finished(&self) {
         let idle = self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1;
         // Waiters wait for the whole batch (and wake at its deadline on their own): only the
         // last task wakes them, under the lock they check the count under, so no wake-up is
@@ -315,7 +427,6 @@ impl BatchInner {
         if idle && self.has_hooks.load(Ordering::SeqCst) {
             self.run_hooks();
         }
-        true
     }
 
     /// Runs `hook` once no task is unfinished: now, if none is, else from the thread that
@@ -352,9 +463,23 @@ impl BatchInner {
         }
     }
 
+    /// Fails `task` for a slice of it that failed (and lets go after this).
     pub(crate) fn fail_task(&self, task: usize, error: TransferError) {
         let _ = self.tasks[task].error.set(error);
-        self.finish(task, FAILED, 0);
+        self.end(task, FAILED);
+    }
+
+    /// Fails `task`, which never started: it has no slice.
+    pub(crate) fn fail_unstarted(&self, task: usize, error: TransferError) {
+        self.fail_task(task, error);
+        self.settle_if_released(task);
+    }
+
+    /// A write slice of `task` let go with bytes that may still land at the peer.
+    pub(crate) fn remote_may_change(&self, task: usize) {
+        self.tasks[task]
+            .remote_may_change
+            .store(true, Ordering::Relaxed);
     }
 
     /// `task` has `more` slices than it started with (a declined slice cut again). Only
@@ -365,16 +490,16 @@ impl BatchInner {
             .fetch_add(more, Ordering::AcqRel);
     }
 
-    /// Counts one slice of `task` done with `bytes` moved; true when it was the last, and
-    /// the caller then [`complete_task`](Self::complete_task)s it (after letting go of what
-    /// the task held).
+    /// Counts one slice of `task` let go (done with `bytes` moved, or skipped, failed or cut
+    /// off with none); true when it was the last, and the caller then
+    /// [`complete_task`](Self::complete_task)s it (after letting go of what the task held).
     pub(crate) fn slice_progress(&self, task: usize, bytes: u64) -> bool {
         let t = &self.tasks[task];
         let before = t
             .progress
-            .fetch_add((1 << PROGRESS_SHIFT) | bytes, Ordering::AcqRel);
+            .fetch_add((1 << PROGRESS_SHIFT) | bytes, Ordering::SeqCst);
         let done = (before >> PROGRESS_SHIFT) + 1;
-        done == u64::from(t.slices_total.load(Ordering::Acquire) & !WRITE_FLAG)
+        done == u64::from(t.slices_total.load(Ordering::SeqCst) & !WRITE_FLAG)
     }
 
     /// A slice of `task` with `bytes` that the task's first transport did not move (another
@@ -387,15 +512,15 @@ impl BatchInner {
             .fetch_add((1 << PROGRESS_SHIFT) | bytes, Ordering::AcqRel);
     }
 
-    /// Moves `task` to Completed (if nothing ended it before), timed by this thread's
-    /// completion clock when metrics are on.
+    /// The last slice of `task` let go: moves it to Completed (if nothing ended it before,
+    /// timed by this thread's completion clock when metrics are on), else shows how it ended.
     pub(crate) fn complete_task(&self, task: usize) {
         let ended = if self.timer.is_some() {
             completion_ns().max(1)
         } else {
             0
         };
-        self.finish(task, COMPLETED, ended);
+        self.last_released(task, ended);
     }
 
     /// Whether a slice of `task` should still run: the task is pending. (A task past its
@@ -403,6 +528,15 @@ impl BatchInner {
     /// deadline — so no clock is read per slice.)
     pub(crate) fn task_live(&self, task: usize) -> bool {
         state_of(self.tasks[task].state.load(Ordering::Acquire)) == PENDING
+    }
+
+    /// As [`task_live`](Self::task_live), timing the batch out first if its deadline has
+    /// passed: one clock reading, for checks between long pieces of one slice.
+    pub(crate) fn task_live_by_clock(&self, task: usize) -> bool {
+        if self.past_deadline() {
+            self.enforce_deadline();
+        }
+        self.task_live(task)
     }
 
     fn past_deadline(&self) -> bool {
@@ -431,19 +565,64 @@ impl BatchInner {
         }
     }
 
-    /// Times out every unfinished task once the deadline has passed.
+    /// Times out every unfinished task once the deadline has passed, and asks the
+    /// transports to cut off the slices of ended tasks still out.
     fn enforce_deadline(&self) {
         if self.unfinished.load(Ordering::Acquire) > 0 && self.past_deadline() {
             for task in 0..self.submitted.load(Ordering::Acquire) {
-                self.finish(task, TIMEOUT, 0);
+                self.end(task, TIMEOUT);
+            }
+        }
+        self.cut_off_ended();
+    }
+
+    /// Asks every transport to cut off the slices of ended tasks, if this batch has tasks
+    /// waiting for theirs (at most every [`CUT_AGAIN`]).
+    fn cut_off_ended(&self) {
+        if self.ending.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let now = clock_ns();
+        let last = self.last_cut_ns.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < CUT_AGAIN.as_nanos() as u64 {
+            return;
+        }
+        if self
+            .last_cut_ns
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        if let Some(engine) = self.engine.upgrade() {
+            for transport in &engine.transports {
+                transport.cut_off();
             }
         }
     }
 
+    /// Cancels every unfinished task, then waits up to [`DRAIN`] for their slices to let go.
     pub(crate) fn cancel(&self) -> usize {
-        (0..self.submitted.load(Ordering::Acquire))
-            .filter(|&task| self.finish(task, CANCELED, 0))
-            .count()
+        let canceled = (0..self.submitted.load(Ordering::Acquire))
+            .filter(|&task| self.end(task, CANCELED))
+            .count();
+        if canceled > 0 {
+            self.drain(Instant::now() + DRAIN);
+        }
+        canceled
+    }
+
+    /// Waits until no ended task has slices out, or `until`, cutting them off meanwhile.
+    fn drain(&self, until: Instant) {
+        let mut nap = Duration::from_micros(20);
+        while self.ending.load(Ordering::SeqCst) > 0 && Instant::now() < until {
+            self.cut_off_ended();
+            if self.help() {
+                continue;
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
     }
 
     pub(crate) fn task_status(&self, task: usize) -> Option<TaskStatus> {
@@ -452,9 +631,11 @@ impl BatchInner {
             return None;
         }
         let t = &self.tasks[task];
-        let status = match state_of(t.state.load(Ordering::Acquire)) {
+        let word = t.state.load(Ordering::SeqCst);
+        let status = match state_of(word) {
             WAITING => TransferStatus::Waiting,
-            PENDING => TransferStatus::Pending,
+            // Ended, but with slices still out: not over yet for the caller's memory.
+            _ if word & SETTLED == 0 => TransferStatus::Pending,
             COMPLETED => TransferStatus::Completed,
             TIMEOUT => TransferStatus::Timeout,
             CANCELED => TransferStatus::Canceled,
@@ -465,9 +646,13 @@ impl BatchInner {
                     .unwrap_or(TransferError::Dropped("no reason recorded".into())),
             ),
         };
+        let remote_may_change = status.is_finished()
+            && status != TransferStatus::Completed
+            && t.remote_may_change.load(Ordering::Relaxed);
         Some(TaskStatus {
             status,
             transferred_bytes: t.bytes(),
+            remote_may_change,
         })
     }
 
@@ -477,8 +662,10 @@ impl BatchInner {
         let (mut completed, mut failed, mut pending, mut bytes) = (0, 0, 0, 0);
         for t in &self.tasks[..submitted] {
             bytes += t.bytes();
-            match state_of(t.state.load(Ordering::Acquire)) {
+            let word = t.state.load(Ordering::SeqCst);
+            match state_of(word) {
                 WAITING | PENDING => pending += 1,
+                _ if word & SETTLED == 0 => pending += 1,
                 COMPLETED => completed += 1,
                 _ => failed += 1,
             }
@@ -505,10 +692,12 @@ impl BatchInner {
         self.unfinished.load(Ordering::SeqCst)
     }
 
-    /// Sleeps until no task is in flight, `timeout` passes, or the deadline passes.
+    /// Sleeps until no task is in flight, `timeout` passes, or the deadline passes; tasks
+    /// that ended meanwhile with slices still out are waited for up to [`DRAIN`] more.
     pub(crate) fn wait(&self, timeout: Duration) -> BatchStatus {
         let started = Instant::now();
-        let until = started + timeout;
+        let mut until = started + timeout;
+        let mut draining = false;
         let spin_until = started + self.spin.min(timeout);
         loop {
             let unfinished = self.unfinished.load(Ordering::Acquire);
@@ -516,6 +705,10 @@ impl BatchInner {
                 break;
             }
             let now = Instant::now();
+            if self.past_deadline() {
+                // The loop below times the tasks out and waits for their slices.
+                break;
+            }
             // Work a transport lets a waiter do is better than spinning, and is not bounded
             // by the spin budget (only by the timeout): it moves this batch's bytes or
             // someone else's.
@@ -540,6 +733,12 @@ impl BatchInner {
             // Outside the wake lock: timing tasks out finishes them, which takes that lock.
             self.enforce_deadline();
             let now = Instant::now();
+            if !draining && self.ending.load(Ordering::SeqCst) > 0 {
+                // Tasks ended with slices out: the caller learns of their end once those
+                // let go (cut off meanwhile), within the drain time.
+                draining = true;
+                until = until.max(now + DRAIN);
+            }
             if now >= until {
                 break;
             }
@@ -552,7 +751,11 @@ impl BatchInner {
                 self.sleepers.fetch_sub(1, Ordering::SeqCst);
                 break;
             }
-            let wake_at = self.deadline().map_or(until, |d| d.min(until));
+            let mut wake_at = self.deadline().map_or(until, |d| d.min(until));
+            if self.ending.load(Ordering::SeqCst) > 0 {
+                // Cut off again now and then: a transport may only see the slices it has.
+                wake_at = wake_at.min(now + CUT_AGAIN);
+            }
             let nap = wake_at
                 .saturating_duration_since(now)
                 .max(Duration::from_micros(100));
@@ -608,14 +811,22 @@ impl Batch {
     }
 
     /// Sleeps (no busy polling) until every submitted task has finished, the batch's
-    /// deadline has passed (tasks then end as `Timeout`), or `timeout` elapses.
+    /// deadline has passed (tasks then end as `Timeout`), or `timeout` elapses. A task that
+    /// ends other than Completed is shown so only once no slice of it touches local memory
+    /// and its pins are released: tasks that ended during the wait with slices still on the
+    /// wire are cut off and waited for up to [`DRAIN`] more, and still show `Pending` if
+    /// their slices are out after that.
     pub fn wait(&self, timeout: Duration) -> BatchStatus {
         self.inner.wait(timeout)
     }
 
-    /// Cancels every unfinished task; returns how many were canceled. Slices already on the
-    /// wire finish or fail on their own, but their results are ignored; the memory they use
-    /// stays pinned until they do.
+    /// Cancels every unfinished task; returns how many were canceled. Slices not started
+    /// are skipped; the transports cut off those on the wire (a TCP lane drops its
+    /// connection, a copy stops before its next piece), and this returns once every slice of
+    /// the canceled tasks has let go, or after [`DRAIN`] at most: a canceled task shows
+    /// `Canceled` only from then on (`Pending` before), its memory no longer touched and
+    /// unpinned. [`TaskStatus::remote_may_change`](crate::TaskStatus) says whether a write's
+    /// bytes may still land at the peer.
     pub fn cancel(&self) -> usize {
         self.inner.cancel()
     }
@@ -679,6 +890,18 @@ mod tests {
         fn fail(mut self, error: TransferError) {
             self.reported = true;
             self.batch.fail_task(self.task, error);
+            self.let_go();
+        }
+
+        fn abandon(mut self) {
+            self.reported = true;
+            self.let_go();
+        }
+
+        fn let_go(&self) {
+            if self.batch.slice_progress(self.task, 0) {
+                self.batch.complete_task(self.task);
+            }
         }
     }
 
@@ -689,6 +912,7 @@ mod tests {
                     self.task,
                     TransferError::Dropped("slice released without a result".into()),
                 );
+                self.let_go();
             }
         }
     }
@@ -750,8 +974,15 @@ mod tests {
             batch.mark_freed(),
             Err(EngineError::BatchBusy { pending: 1 })
         ));
+        // The slice stays out past the drain time: cancel gives up waiting, and the task
+        // still shows pending (its memory is not free), the batch busy.
         assert_eq!(batch.cancel(), 1);
         assert!(!late.live());
+        assert_eq!(
+            batch.task_status(0).unwrap().status,
+            TransferStatus::Pending
+        );
+        assert!(batch.mark_freed().is_err());
         late.succeed(100);
         assert_eq!(
             batch.task_status(0).unwrap().status,
@@ -765,7 +996,7 @@ mod tests {
     fn deadlines_time_tasks_out_and_wake_waiters() {
         let batch = Arc::new(BatchInner::new(1));
         batch.reserve(1).unwrap();
-        batch.start_task(0, 1, Opcode::Read, 0);
+        batch.start_task(0, 0, Opcode::Read, 0);
         batch.publish(1);
         batch.set_deadline(Some(Instant::now() + Duration::from_millis(30)));
         let status = batch.wait(Duration::from_secs(30));
@@ -774,6 +1005,104 @@ mod tests {
             batch.task_status(0).unwrap().status,
             TransferStatus::Timeout
         );
+    }
+
+    #[test]
+    fn a_timed_out_task_shows_its_end_only_once_its_slices_let_go() {
+        let batch = Arc::new(BatchInner::new(1));
+        batch.reserve(1).unwrap();
+        batch.start_task(0, 2, Opcode::Write, 0);
+        batch.publish(1);
+        let (done, out) = (
+            SliceCompletion::new(batch.clone(), 0),
+            SliceCompletion::new(batch.clone(), 0),
+        );
+        done.succeed(7);
+        batch.set_deadline(Some(Instant::now()));
+        // Ended, not settled: shown pending, the batch busy.
+        let status = batch.task_status(0).unwrap();
+        assert_eq!(status.status, TransferStatus::Pending);
+        assert!(!out.live());
+        assert_eq!(batch.status().state, BatchState::Pending);
+        assert!(matches!(
+            batch.mark_freed(),
+            Err(EngineError::BatchBusy { pending: 1 })
+        ));
+        // The waiter returns once the last slice lets go, with the task timed out.
+        let slice = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            out.fail(TransferError::Dropped("cut".into()));
+        });
+        let status = batch.wait(Duration::from_millis(1));
+        slice.join().unwrap();
+        assert_eq!(status.state, BatchState::Failed);
+        let task = batch.task_status(0).unwrap();
+        assert_eq!(
+            (task.status, task.transferred_bytes, task.remote_may_change),
+            (TransferStatus::Timeout, 7, false)
+        );
+        batch.mark_freed().unwrap();
+    }
+
+    #[test]
+    fn cancel_returns_once_the_slices_of_the_canceled_tasks_let_go() {
+        let batch = Arc::new(BatchInner::new(2));
+        batch.reserve(2).unwrap();
+        batch.start_task(0, 1, Opcode::Read, 0);
+        batch.start_task(1, 1, Opcode::Read, 0);
+        batch.publish(2);
+        let (a, b) = (
+            SliceCompletion::new(batch.clone(), 0),
+            SliceCompletion::new(batch.clone(), 1),
+        );
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            a.abandon();
+            b.succeed(3);
+        });
+        assert_eq!(batch.cancel(), 2);
+        // Both let go before cancel returned: both show canceled, the batch is idle.
+        assert_eq!(
+            batch.task_status(0).unwrap().status,
+            TransferStatus::Canceled
+        );
+        assert_eq!(
+            batch.task_status(1).unwrap().status,
+            TransferStatus::Canceled
+        );
+        assert_eq!(batch.unfinished(), 0);
+        late.join().unwrap();
+    }
+
+    #[test]
+    fn a_task_canceled_before_it_started_settles_when_its_slices_let_go() {
+        let batch = Arc::new(BatchInner::new(2));
+        batch.reserve(2).unwrap();
+        // Another submit published past this task before it started.
+        batch.publish(2);
+        let slice = SliceCompletion::new(batch.clone(), 0);
+        batch.start_task(1, 0, Opcode::Read, 0);
+        assert_eq!(batch.submitted.load(Ordering::Acquire), 2);
+        let canceler = {
+            let batch = batch.clone();
+            std::thread::spawn(move || batch.cancel())
+        };
+        while batch.ending.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        batch.start_task(0, 1, Opcode::Read, 0);
+        assert_eq!(
+            batch.task_status(0).unwrap().status,
+            TransferStatus::Pending
+        );
+        assert!(!slice.live());
+        slice.abandon();
+        canceler.join().unwrap();
+        assert_eq!(
+            batch.task_status(0).unwrap().status,
+            TransferStatus::Canceled
+        );
+        assert_eq!(batch.unfinished(), 0);
     }
 
     #[test]
@@ -809,7 +1138,7 @@ mod tests {
     fn completion_hooks_run_when_the_deadline_times_tasks_out() {
         let batch = Arc::new(BatchInner::new(1));
         batch.reserve(1).unwrap();
-        batch.start_task(0, 1, Opcode::Read, 0);
+        batch.start_task(0, 0, Opcode::Read, 0);
         batch.publish(1);
         let (tx, rx) = std::sync::mpsc::channel();
         batch.on_complete(Box::new(move || tx.send(()).unwrap()));

@@ -43,7 +43,7 @@ mod submit;
 mod transport;
 mod types;
 
-pub use batch::Batch;
+pub use batch::{Batch, DRAIN};
 pub use builder::{METRICS_ENV, TRANSFER_TIMEOUT_ENV, TransferEngineBuilder, WAIT_SPIN_ENV};
 pub use engine::TransferEngine;
 pub use error::{EngineError, TransferError};

@@ -30,6 +30,7 @@ impl TransferEngine {
                     .timing()
                     .then(|| self.inner.counters.clone()),
                 self.inner.helpers.clone(),
+                self.inner.weak.clone(),
             )),
         })
     }
@@ -104,7 +105,7 @@ impl TransferEngine {
             }
             match prepared {
                 Ok((slices, first)) => batch_inner.start_task(task, slices, request.opcode, first),
-                Err(error) => batch_inner.fail_task(task, error),
+                Err(error) => batch_inner.fail_unstarted(task, error),
             }
         }
         batch_inner.publish(first + requests.len());
@@ -214,10 +215,18 @@ impl TransferEngine {
                 (s.status, s.transferred_bytes)
             });
         if status == TransferStatus::Pending {
+            // Cancel waits (bounded) for the slices still out; a task whose slices are still
+            // out after it is reported Pending: its memory is not free yet.
             batch.cancel();
-            return Err(EngineError::TransferFailed {
-                status: TransferStatus::Timeout,
-            });
+            let status = batch
+                .task_status(0)
+                .map_or(TransferStatus::Pending, |s| s.status);
+            let status = match status {
+                TransferStatus::Canceled => TransferStatus::Timeout,
+                other => other,
+            };
+            let _ = self.free_batch(&batch);
+            return Err(EngineError::TransferFailed { status });
         }
         let _ = self.free_batch(&batch);
         match status {

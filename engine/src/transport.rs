@@ -243,6 +243,15 @@ pub trait Transport: Send + Sync + 'static {
         TransportReport::default()
     }
 
+    /// Cuts off, as soon as it can, every slice it holds whose task has ended
+    /// ([`Slice::is_live`] false): one not started is abandoned, one on the wire stops
+    /// touching its local memory and goes back through [`Slice::cut_off`] (or fails). The
+    /// engine calls it from a waiting or status-reading thread when tasks ended (deadline,
+    /// cancel, a failed slice) while slices of them were out, and again while they are:
+    /// it must not block. A task ended that way is shown ended only once all its slices are
+    /// back. The default does nothing: the transport's slices end on their own.
+    fn cut_off(&self) {}
+
     /// Stops listeners and workers; slices still queued are failed.
     fn shutdown(&self);
 }
@@ -405,8 +414,19 @@ impl Slice {
         self.submission().batch.task_live(self.task as usize)
     }
 
+    /// As [`is_live`](Slice::is_live), and ends the task (with its batch's other unfinished
+    /// tasks) as timed out if the batch's deadline has passed: it reads the clock, so it is
+    /// for checks between long pieces of one slice, where no waiter may be free to notice
+    /// the deadline (a waiter helping copies, say).
+    pub fn is_live_by_clock(&self) -> bool {
+        self.submission()
+            .batch
+            .task_live_by_clock(self.task as usize)
+    }
+
     /// Reports the outcome: the request's hold on the pin goes first (with the last slice,
     /// the pin itself), so whoever learns the task ended may unregister its memory at once.
+    /// Every outcome counts the slice as let go; the last slice of a task settles it.
     fn report(mut self, outcome: Outcome) {
         let Some(submission) = self.submission.take() else {
             return;
@@ -416,7 +436,7 @@ impl Slice {
             .get(self.rank as usize)
             .unwrap_or(usize::MAX);
         let (batch, task, len) = (&submission.batch, self.task as usize, self.len as u64);
-        let last = match &outcome {
+        let moved = match outcome {
             Outcome::Done => {
                 // What the task's first transport moved is read off the task; a declined
                 // slice's next transport counts its own.
@@ -424,28 +444,39 @@ impl Slice {
                     submission.counters.moved(transport, len);
                     batch.slice_uncredited(task, len);
                 }
-                batch.slice_progress(task, len)
+                len
             }
             Outcome::Skipped => {
                 batch.slice_uncredited(task, 0);
-                batch.slice_progress(task, 0)
+                0
             }
-            Outcome::Failed(_) => {
+            Outcome::CutOff { remote_may_change } => {
+                if remote_may_change && self.opcode == Opcode::Write {
+                    batch.remote_may_change(task);
+                }
+                batch.slice_uncredited(task, 0);
+                0
+            }
+            Outcome::Failed { error, sent } => {
                 submission.counters.failed(transport);
-                true
+                if sent && self.opcode == Opcode::Write {
+                    batch.remote_may_change(task);
+                }
+                // The task ends first, then the slice counts as let go: the last one out
+                // settles the task as Failed.
+                batch.fail_task(task, error);
+                batch.slice_uncredited(task, 0);
+                0
             }
         };
-        if !last {
+        if !batch.slice_progress(task, moved) {
             return;
         }
         // The task ends here: let go of the submission (and with the last slice, its pin)
         // before anyone can see the task ended.
         let batch = batch.clone();
         drop(submission);
-        match outcome {
-            Outcome::Failed(error) => batch.fail_task(task, error),
-            Outcome::Done | Outcome::Skipped => batch.complete_task(task),
-        }
+        batch.complete_task(task);
     }
 
     /// The slice moved all its bytes.
@@ -453,9 +484,25 @@ impl Slice {
         self.report(Outcome::Done);
     }
 
-    /// The slice failed; its task fails with `error`.
+    /// The slice failed; its task fails with `error`. For a write, bytes of it may have
+    /// left: its task reports that the peer's memory may still change
+    /// ([`TaskStatus::remote_may_change`](crate::TaskStatus)). The transport no longer
+    /// touches the slice's local memory.
     pub fn fail(self, error: TransferError) {
-        self.report(Outcome::Failed(error));
+        self.report(Outcome::Failed { error, sent: true });
+    }
+
+    /// As [`fail`](Slice::fail), for a slice none of whose bytes left (no connection, a
+    /// refusal before sending).
+    pub fn fail_unsent(self, error: TransferError) {
+        self.report(Outcome::Failed { error, sent: false });
+    }
+
+    /// The slice's task ended while the slice was on the wire, and the transport stopped it:
+    /// it no longer touches the slice's local memory. `remote_may_change`: bytes of this
+    /// write left without their landing confirmed, and may still land at the peer.
+    pub fn cut_off(self, remote_may_change: bool) {
+        self.report(Outcome::CutOff { remote_may_change });
     }
 
     /// The slice was skipped because its task had already ended (canceled, timed out or
@@ -575,22 +622,32 @@ impl Slice {
 enum Outcome {
     Done,
     Skipped,
-    Failed(TransferError),
+    CutOff {
+        remote_may_change: bool,
+    },
+    Failed {
+        error: TransferError,
+        /// Whether bytes of it may have left.
+        sent: bool,
+    },
 }
 
 impl Drop for Slice {
     fn drop(&mut self) {
         if let Some(submission) = self.submission.take() {
-            let batch = submission.batch.clone();
-            let task = self.task as usize;
-            if let Some(t) = submission.routes.get(self.rank as usize) {
-                submission.counters.failed(t);
-            }
-            drop(submission);
-            batch.fail_task(
-                task,
-                TransferError::Dropped("slice released without a result".into()),
-            );
+            // Reported as a failure (a write may have left): the same count as any outcome.
+            let slice = Slice {
+                local_addr: self.local_addr,
+                len: self.len,
+                remote_addr: self.remote_addr,
+                opcode: self.opcode,
+                task: self.task,
+                rank: self.rank,
+                submission: Some(submission),
+            };
+            slice.fail(TransferError::Dropped(
+                "slice released without a result".into(),
+            ));
         }
     }
 }

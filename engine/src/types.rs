@@ -125,6 +125,12 @@ pub struct TaskStatus {
     pub status: TransferStatus,
     /// Bytes moved so far.
     pub transferred_bytes: u64,
+    /// For a write that ended other than Completed: whether bytes of it may still land at
+    /// the peer after this status was read (a slice was cut off, or failed, after some of its
+    /// bytes had left, without their landing confirmed). False for reads, completed tasks and
+    /// writes whose unfinished slices never left. The local memory is never touched again
+    /// once a task shows Timeout, Canceled or Failed.
+    pub remote_may_change: bool,
 }
 
 /// A batch's aggregate state.

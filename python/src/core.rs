@@ -205,6 +205,11 @@ impl Core {
     /// running then is canceled and reported as timed out.
     pub(crate) fn finish(&self, batch: &Batch, wait: Duration) -> Result<(), Failure> {
         let status = batch.wait(wait);
+        if status.state == BatchState::Failed && status.pending > 0 {
+            // The call fails: the tasks still running end with it, and it returns once the
+            // engine has cut them off (their memory is then free).
+            batch.cancel();
+        }
         match status.state {
             BatchState::Completed => Ok(()),
             BatchState::Pending => {

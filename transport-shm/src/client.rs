@@ -33,9 +33,12 @@ use tern_memreg::shm::{AttachFailure, MemFd, PeerProcess, SharedMapping, peer_cr
 use tern_metadata::auth::{self, Channel, Claims};
 use tern_metadata::rpc::RpcType;
 
-use crate::identity::{Extension, VERSION};
+use crate::identity::{Extension, VERSION, check_socket_name};
 use crate::server::lock;
 use crate::wire::{self, Frame, FrameReader, MAGIC, MAX_LEASE_RANGES, NONCE_LEN, Opened};
+
+/// Most bytes one copy through a mapping moves before it checks that its task is still live.
+const COPY_PIECE: usize = 4 << 20;
 
 /// How long a peer found not to be same-host is left alone before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(10);
@@ -47,6 +50,8 @@ struct Mapped {
     addr: u64,
     /// Its registered length.
     len: u64,
+    /// The memfd's device and inode: which file this maps.
+    file: (u64, u64),
     /// The mapping until revoked or the peer left, then `None`: copies hold the read side
     /// while they run, so the revocation (which takes the write side) waits for them and
     /// then unmaps it at once — not whenever the last holder of this record lets it go,
@@ -58,6 +63,16 @@ impl Mapped {
     /// Waits for the copies into it to finish, then unmaps it; later copies find it gone.
     fn unmap(&self) {
         self.live.write().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Whether this is a live mapping of the buffer `addr..addr + len` backed by `file`.
+    fn is(&self, addr: u64, len: u64, file: (u64, u64)) -> bool {
+        (self.addr, self.len, self.file) == (addr, len, file)
+            && self
+                .live
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some()
     }
 
     fn contains(&self, addr: u64, len: u64) -> bool {
@@ -199,8 +214,9 @@ impl Links {
 
     /// The link to `peer`, made now if there is none.
     pub(crate) fn reach(&self, peer: &PeerSegment) -> Reach {
-        let Some(key) = link_key(peer) else {
-            return Reach::Decline("the peer publishes no shared-memory socket".into());
+        let key = match link_key(peer) {
+            Ok(key) => key,
+            Err(why) => return Reach::Decline(why),
         };
         if let Some(reach) = self.known(&key) {
             return reach;
@@ -230,7 +246,7 @@ impl Links {
     /// Whether a link to `peer` is up and maps the buffer holding `addr..addr + len`
     /// (without connecting: a hint for how to share out a submit).
     pub(crate) fn maps(&self, peer: &PeerSegment, addr: u64, len: u64) -> bool {
-        match link_key(peer).and_then(|key| self.known(&key)) {
+        match link_key(peer).ok().and_then(|key| self.known(&key)) {
             Some(Reach::Up(link)) => link.mapping(addr, len).is_some(),
             _ => false,
         }
@@ -559,6 +575,12 @@ impl Link {
         let _ = reply.send(answer);
     }
 
+    /// Maps the peer's memfd for `addr..addr + len`, or hands out the mapping of it this
+    /// link already holds: the hands of one submit (copy threads and the waiter) each open
+    /// a buffer they find unmapped, so the answers to several opens of one buffer can come
+    /// one after another, and each must not map it again. A mapping of one buffer twice
+    /// would keep the first one mapped while a hand held it, and no revocation would ever
+    /// find it (the revocation unmaps what the list holds).
     fn map(&self, addr: u64, len: u64, fd: OwnedFd) -> Reply {
         let Ok(needed) = usize::try_from(len) else {
             return Reply::Refused(format!("a buffer of {len} bytes does not fit here"));
@@ -567,6 +589,14 @@ impl Link {
             Ok(memfd) => memfd,
             Err(e) => return Reply::Refused(format!("the peer's descriptor is refused: {e}")),
         };
+        let file = match memfd_file(&memfd) {
+            Ok(file) => file,
+            Err(e) => return Reply::Refused(format!("the peer's descriptor: fstat: {e}")),
+        };
+        let mut maps = self.maps.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(held) = maps.iter().find(|m| m.is(addr, len, file)) {
+            return Reply::Mapped(held.clone());
+        }
         let mapping = match SharedMapping::map(&memfd) {
             Ok(mapping) => mapping,
             Err(e) => return Reply::Refused(format!("mapping the peer's memfd: {e}")),
@@ -574,11 +604,16 @@ impl Link {
         let mapped = Arc::new(Mapped {
             addr,
             len,
+            file,
             live: RwLock::new(Some(mapping)),
         });
-        let mut maps = self.maps.write().unwrap_or_else(|p| p.into_inner());
-        maps.retain(|m| m.addr != addr);
+        // Another buffer at this address (the old one's revocation came before this answer
+        // on the socket, so it is revoked already; unmap it all the same, at once, not
+        // when its last holder lets go).
+        let superseded: Vec<Arc<Mapped>> = maps.extract_if(.., |m| m.addr == addr).collect();
         maps.push(mapped.clone());
+        drop(maps);
+        superseded.iter().for_each(|m| m.unmap());
         Reply::Mapped(mapped)
     }
 
@@ -669,13 +704,29 @@ impl Link {
                 continue;
             }
             let offset = (slice.remote_addr - mapped.addr) as usize;
-            let outcome = slice
-                .local()
-                .slice(slice.local_addr, slice.len)
-                .and_then(|local| match slice.opcode() {
-                    Opcode::Write => mapping.write_from(offset, local),
-                    Opcode::Read => mapping.read_into(offset, local),
-                });
+            // A long slice goes in pieces, its task checked before each: a canceled or timed
+            // out transfer stops touching memory within one piece.
+            let mut at = 0;
+            let mut outcome = Ok(());
+            while at < slice.len && outcome.is_ok() {
+                if at > 0 && !slice.is_live_by_clock() {
+                    break;
+                }
+                let piece = (slice.len - at).min(COPY_PIECE);
+                outcome = slice
+                    .local()
+                    .slice(slice.local_addr + at, piece)
+                    .and_then(|local| match slice.opcode() {
+                        Opcode::Write => mapping.write_from(offset + at, local),
+                        Opcode::Read => mapping.read_into(offset + at, local),
+                    });
+                at += piece;
+            }
+            if outcome.is_ok() && at < slice.len {
+                // Nothing more of it lands anywhere: the copy was this thread's.
+                slice.cut_off(false);
+                continue;
+            }
             match outcome {
                 Ok(()) => {
                     bytes += slice.len as u64;
@@ -810,6 +861,9 @@ impl Link {
 
     fn attach_chunk(&self, process: PeerProcess, slices: Vec<Slice>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // Released on every way out, the wait's timeout included: an owner that grants late
+        // (after this side stopped waiting) still holds the pins until it reads the release.
+        let _lease = LeaseRelease { link: self, id };
         let ranges = slices
             .iter()
             .map(|s| (s.remote_addr, s.len as u64))
@@ -820,8 +874,6 @@ impl Link {
         let granted = match granted {
             Ok(Reply::Leased(granted)) if granted.len() == slices.len() => granted,
             Ok(_) => {
-                let _send = lock(&self.send);
-                let _ = wire::send(&self.stream, &Frame::Release { id }.encode());
                 for slice in slices {
                     slice.decline("the peer answered a lease wrongly");
                 }
@@ -879,8 +931,20 @@ impl Link {
                 }),
             }
         }
-        let _send = lock(&self.send);
-        let _ = wire::send(&self.stream, &Frame::Release { id }.encode());
+    }
+}
+
+/// Sends the release of lease `id` when dropped. The owner reads frames in order, so a
+/// release always follows its lease there, and one for a lease it refused is nothing to it.
+struct LeaseRelease<'a> {
+    link: &'a Link,
+    id: u64,
+}
+
+impl Drop for LeaseRelease<'_> {
+    fn drop(&mut self) {
+        let _send = lock(&self.link.send);
+        let _ = wire::send(&self.link.stream, &Frame::Release { id: self.id }.encode());
     }
 }
 
@@ -906,10 +970,17 @@ impl Link {
 }
 
 /// What a link to `peer` is known by: its segment name and the socket its descriptor names
-/// (a peer that starts again gets a new socket, and so a new link); none without `tern.shm`.
-fn link_key(peer: &PeerSegment) -> Option<(String, String)> {
-    let ext = peer.desc.tern.get("shm").and_then(Extension::from_json)?;
-    Some((peer.name.clone(), ext.socket))
+/// (a peer that starts again gets a new socket, and so a new link); why not, without a
+/// usable `tern.shm` or with a socket name that is not one Tern binds (never dialed).
+fn link_key(peer: &PeerSegment) -> Result<(String, String), String> {
+    let ext = peer
+        .desc
+        .tern
+        .get("shm")
+        .and_then(Extension::from_json)
+        .ok_or("the peer publishes no shared-memory socket")?;
+    check_socket_name(&ext.socket).map_err(|e| e.to_string())?;
+    Ok((peer.name.clone(), ext.socket))
 }
 
 /// Moves the leading slices that go the same way as the first with one system call (or a
@@ -977,8 +1048,94 @@ pub(crate) fn copy_in_registry(
     }
 }
 
+/// The device and inode of a memfd.
+fn memfd_file(memfd: &MemFd) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::File::from(memfd.as_fd().try_clone_to_owned()?).metadata()?;
+    Ok((meta.dev(), meta.ino()))
+}
+
 /// Why an Open did not give a way to the bytes.
 enum Refusal {
     Fail(TransferError),
     Decline(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    /// A link over one end of a socket pair, reaching no process: enough to settle answers.
+    fn link() -> (Link, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let link = Link {
+            peer: "peer".into(),
+            stream: ours,
+            send: Mutex::new(()),
+            pending: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            alive: AtomicBool::new(true),
+            maps: RwLock::default(),
+            plain: Mutex::default(),
+            attach: Attach::Refused("a test".into()),
+            ended: Mutex::new(None),
+            refusal: Mutex::new(None),
+            io_timeout: Duration::from_secs(1),
+            moved: Default::default(),
+        };
+        (link, theirs)
+    }
+
+    fn inode(memfd: &MemFd) -> u64 {
+        std::fs::File::from(memfd.as_fd().try_clone_to_owned().unwrap())
+            .metadata()
+            .unwrap()
+            .ino()
+    }
+
+    /// Mappings of this process of the memfd with this inode.
+    fn mappings_of(inode: u64) -> usize {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                l.contains("/memfd:")
+                    && l.split_whitespace().nth(4).and_then(|i| i.parse().ok()) == Some(inode)
+            })
+            .count()
+    }
+
+    fn mapped(reply: Reply) -> Arc<Mapped> {
+        match reply {
+            Reply::Mapped(mapped) => mapped,
+            other => panic!("not mapped: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn answers_to_two_opens_of_one_buffer_map_it_once_and_a_new_buffer_there_unmaps_the_old() {
+        let (link, _peer) = link();
+        let (addr, len) = (0x7000_0000_0000u64, 1u64 << 16);
+        let old = MemFd::create("tern-client-test-old", len as usize).unwrap();
+        let fd = |memfd: &MemFd| memfd.as_fd().try_clone_to_owned().unwrap();
+        // Two hands opened the buffer at once; their answers come one after the other.
+        let first = mapped(link.map(addr, len, fd(&old)));
+        let second = mapped(link.map(addr, len, fd(&old)));
+        assert!(Arc::ptr_eq(&first, &second), "mapped twice");
+        assert_eq!(mappings_of(inode(&old)), 1);
+        // Another buffer at that address (a new memfd): the old mapping goes at once, though
+        // hands still hold its record.
+        let new = MemFd::create("tern-client-test-new", len as usize).unwrap();
+        let third = mapped(link.map(addr, len, fd(&new)));
+        assert!(!Arc::ptr_eq(&first, &third));
+        assert_eq!(mappings_of(inode(&old)), 0, "the superseded mapping stayed");
+        assert!(first.live.read().unwrap().is_none());
+        assert_eq!(mappings_of(inode(&new)), 1);
+        // A revocation finds the one mapping the link holds.
+        link.unmap(addr);
+        assert_eq!(mappings_of(inode(&new)), 0);
+        drop((first, second, third));
+    }
 }

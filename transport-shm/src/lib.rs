@@ -10,8 +10,10 @@
 //!   a registered, remote-accessible buffer it published; the initiator maps only a sealed
 //!   memfd at least as large as a buffer the peer's descriptor lists. Unregistering such a
 //!   buffer tells every peer that mapped it, which unmaps it (after the copies into it
-//!   finish) and confirms before unregistering returns; a peer that leaves has everything
-//!   unmapped, and its later slices fail with `Connection`.
+//!   finish) and confirms before unregistering returns; a peer that does not confirm within
+//!   [`ShmConfig::revoke_timeout`] is cut off and shown failed in the report (it may keep the
+//!   pages mapped until it reads the close); a peer that leaves has everything unmapped, and
+//!   its later slices fail with `Connection`.
 //! - **cross-memory attach**: any other registered memory (a tensor, memory registered raw)
 //!   moves with `process_vm_readv`/`process_vm_writev` from the initiator, where the kernel
 //!   permits it (same user, the target dumpable, Yama's `ptrace_scope` allowing it). The
@@ -112,8 +114,13 @@ pub struct ShmConfig {
     pub io_timeout: Duration,
     /// How long unregistering waits for peers to confirm they unmapped a buffer.
     pub revoke_timeout: Duration,
-    /// Peers served at once.
+    /// Peers served at once; connections still in their opening (credentials, the
+    /// cluster-secret proof, the hello) have as many places again, the oldest given up for a
+    /// newcomer.
     pub max_inbound: usize,
+    /// How long a peer's connection may take from being accepted to its hello (with a
+    /// cluster secret, its proof first) before it is closed.
+    pub exchange_timeout: Duration,
 }
 
 impl Default for ShmConfig {
@@ -134,6 +141,7 @@ impl Default for ShmConfig {
             io_timeout: Duration::from_secs(10),
             revoke_timeout: Duration::from_secs(5),
             max_inbound: 256,
+            exchange_timeout: tern_metadata::auth::EXCHANGE_TIMEOUT,
         }
     }
 }
@@ -248,11 +256,7 @@ impl ShmTransport {
         }
         let mut tag = [0u8; 8];
         getrandom::fill(&mut tag).map_err(|e| ShmError::Identity(std::io::Error::other(e)))?;
-        let socket = format!(
-            "tern-shm-{}-{}",
-            std::process::id(),
-            tag.iter().map(|b| format!("{b:02x}")).collect::<String>()
-        );
+        let socket = crate::identity::socket_name(std::process::id(), &tag);
         let owner = Arc::new(Owner::new(
             context.registry.clone(),
             context.segment_name.clone(),
@@ -260,6 +264,7 @@ impl ShmTransport {
             context.cluster_secret().cloned(),
             self.config.revoke_timeout,
             self.config.max_inbound,
+            self.config.exchange_timeout,
         ));
         let server = Server::start(owner.clone()).map_err(|source| ShmError::Bind {
             socket: socket.clone(),
@@ -516,6 +521,8 @@ impl Transport for ShmTransport {
             .map_err(|_| TransportError::State("shared-memory transport started twice".into()))
     }
 
+    /// Revokes the buffer from every peer that mapped it; those that do not confirm in time
+    /// are cut off and listed in the report (the engine's unregistering cannot fail here).
     fn unregister_memory(&self, region: &RegionInfo) {
         if let Some(running) = self.running.get() {
             running.owner.revoke(region.addr);
@@ -652,6 +659,22 @@ impl Transport for ShmTransport {
                 last_error: link.error,
             })
             .collect();
+        // Peers that did not confirm a revocation: the owner cut them off, yet they may still
+        // map the buffer's pages; said here, not passed off as confirmed.
+        peers.extend(
+            running
+                .owner
+                .unconfirmed()
+                .into_iter()
+                .map(|unconfirmed| PeerStats {
+                    peer: unconfirmed.peer,
+                    state: PeerState::Failed,
+                    endpoints: 0,
+                    bytes: 0,
+                    slices: 0,
+                    last_error: Some(unconfirmed.message),
+                }),
+        );
         peers.sort_by(|a, b| a.peer.cmp(&b.peer));
         TransportReport {
             retries: 0,

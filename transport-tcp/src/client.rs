@@ -6,12 +6,17 @@
 //! the same time over a non-blocking socket, waiting in `poll(2)` for whichever can move. Reads
 //! and writes mixed in one group therefore never deadlock: read replies filling the socket
 //! buffers are taken while write bodies are still going out.
+//!
+//! A slice whose task has ended is never started; one already on the wire is cut off when
+//! the engine asks ([`Pool::cut_off`]): the lane drops its connection, so that no reply lands
+//! in that slice's memory and no more of a write's body is read from it, gives the slice
+//! back, and sends the live slices that were on that connection again on a new one.
 
 use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -50,9 +55,17 @@ const WRITE_PIPELINE_BYTES: usize = 512 << 10;
 /// closed it for idleness, and a request sent into a closed connection would fail.
 const IDLE_CHECK: Duration = Duration::from_millis(50);
 
+/// Longest a lane waits in poll(2) before it looks whether it was asked to cut off slices of
+/// ended tasks: the bound on how long a cut-off takes to reach a lane waiting on a peer that
+/// sends nothing.
+const CUT_CHECK: Duration = Duration::from_millis(5);
+
 #[derive(Debug)]
 pub(crate) struct Pool {
     sender: Mutex<Option<Sender<Slice>>>,
+    /// The lanes' queue, to take out the slices of ended tasks no lane has taken yet (none
+    /// when no lane started: slices then fail at once).
+    receiver: Option<Receiver<Slice>>,
     shared: Arc<PoolShared>,
     lanes: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -80,6 +93,9 @@ struct PoolShared {
     open: Mutex<Vec<Option<TcpStream>>>,
     /// What each lane moved, each written by its lane alone.
     moved: Box<[MovedCounter]>,
+    /// Raised by each cut-off request: a lane that sees it change cuts off the slices of
+    /// ended tasks it holds.
+    cut: AtomicU64,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -104,6 +120,7 @@ impl Pool {
             last_error: Mutex::new(None),
             open: Mutex::new((0..lane_count).map(|_| None).collect()),
             moved: (0..lane_count).map(|_| Default::default()).collect(),
+            cut: AtomicU64::new(0),
         });
         let mut lanes = Vec::new();
         for lane in 0..lane_count {
@@ -120,6 +137,7 @@ impl Pool {
         }
         Arc::new(Self {
             sender: Mutex::new(Some(sender)),
+            receiver: (!lanes.is_empty()).then_some(receiver),
             shared,
             lanes: Mutex::new(lanes),
         })
@@ -135,11 +153,32 @@ impl Pool {
                     if let Err(returned) = sender.send(slice) {
                         returned
                             .into_inner()
-                            .fail(TransferError::Dropped("TCP lanes have stopped".into()));
+                            .fail_unsent(TransferError::Dropped("TCP lanes have stopped".into()));
                     }
                 }
-                None => slice.fail(TransferError::Dropped("TCP transport shut down".into())),
+                None => slice.fail_unsent(TransferError::Dropped("TCP transport shut down".into())),
             }
+        }
+    }
+
+    /// Cuts off the slices of ended tasks: those still queued are given back here; each lane
+    /// gives back those it holds within [`CUT_CHECK`], dropping its connection if one of
+    /// them is on the wire.
+    pub(crate) fn cut_off(&self) {
+        self.shared.cut.fetch_add(1, Ordering::Release);
+        let Some(receiver) = &self.receiver else {
+            return;
+        };
+        let mut live = Vec::new();
+        for _ in 0..receiver.len() {
+            match receiver.try_recv() {
+                Ok(slice) if slice.is_live() => live.push(slice),
+                Ok(slice) => slice.abandon(),
+                Err(_) => break,
+            }
+        }
+        if !live.is_empty() {
+            self.push_all(live);
         }
     }
 
@@ -180,9 +219,15 @@ fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Slice>) {
     let mut last_used = Instant::now();
     // Empty between runs; kept for its buffers.
     let mut window = Window::default();
-    // Blocks for the first slice only when nothing is in flight.
-    while let Ok(first) = receiver.recv() {
-        window.take(shared, first);
+    loop {
+        // Blocks for the first slice only when nothing is in flight (a window can hold
+        // slices here: those a cut-off sends again on a new connection).
+        if window.is_empty() {
+            match receiver.recv() {
+                Ok(first) => window.take(shared, first),
+                Err(_) => break,
+            }
+        }
         window.fill(shared, receiver);
         if window.is_empty() {
             continue;
@@ -325,6 +370,11 @@ struct Window {
     /// The socket gave less than was asked (nothing more had arrived) and has not been
     /// reported readable since.
     drained: bool,
+    /// The pool's cut-off count this lane last acted on.
+    seen_cut: u64,
+    /// How many of the slices at the front of `queued` were on a connection a cut-off
+    /// dropped: bytes of such a write may have left.
+    resent: usize,
 }
 
 /// How one pass over the connection went.
@@ -363,7 +413,7 @@ impl Window {
     /// Takes a slice into the window (or settles it at once if it should not run).
     fn take(&mut self, shared: &PoolShared, slice: Slice) {
         if shared.stop.load(Ordering::Acquire) {
-            slice.fail(TransferError::Dropped("TCP transport shut down".into()));
+            slice.fail_unsent(TransferError::Dropped("TCP transport shut down".into()));
         } else if slice.is_live() {
             self.bytes += slice.len;
             if slice.opcode() == Opcode::Write {
@@ -386,11 +436,38 @@ impl Window {
         }
     }
 
+    /// The front of the queue, to send now; a slice of an ended task is given back instead
+    /// (None then, with the queue not empty).
+    fn pop_queued(&mut self) -> Option<Option<Slice>> {
+        let resent = self.resent > 0;
+        self.resent = self.resent.saturating_sub(1);
+        let slice = self.queued.pop_front()?;
+        if slice.is_live() {
+            return Some(Some(slice));
+        }
+        self.leave(&slice);
+        if resent {
+            // It was on a connection a cut-off dropped: a write's bytes may have left.
+            slice.cut_off(true);
+        } else {
+            slice.abandon();
+        }
+        Some(None)
+    }
+
     fn fail_all(&mut self, error: impl Fn() -> TransferError) {
         let sending = self.sending.take().map(|s| s.slice);
         let awaiting = self.awaiting.drain(..).map(|a| a.slice);
-        for slice in awaiting.chain(sending).chain(self.queued.drain(..)) {
+        let resent = std::mem::take(&mut self.resent).min(self.queued.len());
+        let on_the_wire = awaiting
+            .chain(sending)
+            .chain(self.queued.drain(..resent))
+            .collect::<Vec<_>>();
+        for slice in on_the_wire {
             slice.fail(error());
+        }
+        for slice in self.queued.drain(..) {
+            slice.fail_unsent(error());
         }
         self.read_headers.clear();
         self.read_headers_sent = 0;
@@ -414,6 +491,14 @@ impl Window {
         // `WouldBlock`; after a short one the lane waits in poll(2) for that direction instead.
         (self.send_full, self.drained) = (false, false);
         while !self.is_empty() {
+            let cut = shared.cut.load(Ordering::Acquire);
+            if cut != self.seen_cut {
+                self.seen_cut = cut;
+                if !self.cut_off(shared, lane, stream) {
+                    return false;
+                }
+                continue;
+            }
             let outcome = self.send(shared, stream).and_then(|sent| {
                 let received = self.receive(shared, lane, stream)?;
                 Ok(matches!(sent, Step::Moved) || matches!(received, Step::Moved))
@@ -436,7 +521,8 @@ impl Window {
                         || !self.queued.is_empty()
                         || self.read_headers_sent < self.read_headers.len();
                     let want_read = !self.awaiting.is_empty();
-                    match wait_ready(stream.as_fd(), want_read, want_write, Some(left)) {
+                    let nap = left.min(CUT_CHECK);
+                    match wait_ready(stream.as_fd(), want_read, want_write, Some(nap)) {
                         Ok(ready) => {
                             self.send_full &= !(ready.write || ready.failed);
                             self.drained &= !(ready.read || ready.failed);
@@ -460,6 +546,70 @@ impl Window {
             }
         }
         true
+    }
+
+    /// Gives back the slices of ended tasks: those queued at once; if one is on the wire,
+    /// the connection goes (its replies would land in that slice's memory, and a write's
+    /// body is read from it), and the live slices that were on it are queued again for a
+    /// new one. Returns whether the connection is still good.
+    fn cut_off(&mut self, shared: &PoolShared, lane: usize, stream: &TcpStream) -> bool {
+        let queued = std::mem::take(&mut self.queued);
+        let resent = std::mem::take(&mut self.resent);
+        let mut kept_resent = 0;
+        for (i, slice) in queued.into_iter().enumerate() {
+            if slice.is_live() {
+                kept_resent += usize::from(i < resent);
+                self.queued.push_back(slice);
+            } else {
+                self.leave(&slice);
+                if i < resent {
+                    slice.cut_off(true);
+                } else {
+                    slice.abandon();
+                }
+            }
+        }
+        self.resent = kept_resent;
+        let dead_on_the_wire = self.sending.as_ref().is_some_and(|s| !s.slice.is_live())
+            || self.awaiting.iter().any(|a| !a.slice.is_live());
+        if !dead_on_the_wire {
+            return true;
+        }
+        let _ = stream.shutdown(Shutdown::Both);
+        if let Some(open) = lock(&shared.open).get_mut(lane) {
+            *open = None;
+        }
+        // Oldest first: those awaiting replies, the one being sent, then the queue.
+        let mut again = VecDeque::with_capacity(self.count());
+        let awaiting = std::mem::take(&mut self.awaiting);
+        for awaiting in awaiting {
+            if awaiting.slice.is_live() {
+                again.push_back(awaiting.slice);
+            } else {
+                self.leave(&awaiting.slice);
+                // A write awaiting its status has sent its body whole.
+                awaiting.slice.cut_off(true);
+            }
+        }
+        if let Some(sending) = self.sending.take() {
+            if sending.slice.is_live() {
+                again.push_back(sending.slice);
+            } else {
+                self.leave(&sending.slice);
+                let body_left = sending.sent > sending.header.len;
+                sending.slice.cut_off(body_left);
+            }
+        }
+        self.resent += again.len();
+        again.append(&mut self.queued);
+        self.queued = again;
+        self.read_headers.clear();
+        self.read_headers_sent = 0;
+        tracing::debug!(
+            "TCP lane {lane} to {}: connection dropped to cut off slices of ended tasks",
+            shared.endpoint
+        );
+        false
     }
 
     /// Fails everything in the window after the connection broke. The lane's connection
@@ -512,14 +662,12 @@ impl Window {
                     .front()
                     .is_some_and(|slice| slice.opcode() == Opcode::Read)
                 {
-                    let Some(read) = self.queued.pop_front() else {
+                    let Some(read) = self.pop_queued() else {
                         break;
                     };
-                    if !read.is_live() {
-                        self.leave(&read);
-                        read.abandon();
+                    let Some(read) = read else {
                         continue;
-                    }
+                    };
                     let header = request_header(shared, &read);
                     self.read_headers
                         .extend_from_slice(&header.bytes[..header.len]);
@@ -529,14 +677,12 @@ impl Window {
                 if !self.read_headers.is_empty() {
                     continue;
                 }
-                let Some(slice) = self.queued.pop_front() else {
+                let Some(slice) = self.pop_queued() else {
                     return Ok(step);
                 };
-                if !slice.is_live() {
-                    self.leave(&slice);
-                    slice.abandon();
+                let Some(slice) = slice else {
                     continue;
-                }
+                };
                 self.sending = Some(Sending {
                     header: request_header(shared, &slice),
                     slice,

@@ -84,8 +84,13 @@ pub struct TcpConfig {
     pub io_timeout: Duration,
     /// How long an inbound connection may sit idle between requests before it is closed.
     pub idle_timeout: Duration,
-    /// Inbound connections served at once; more are closed.
+    /// Inbound connections served at once; more are closed. Connections still in their
+    /// opening (first request header, or with a cluster secret its proof) have as many places
+    /// again, the oldest given up for a newcomer.
     pub max_inbound: usize,
+    /// How long an inbound connection may take from being accepted to its first request
+    /// header (with a cluster secret: to its proof) before it is closed.
+    pub exchange_timeout: Duration,
     /// Highest protocol version spoken and published: 3 (v2 with the aligned framing of
     /// [`wire`](crate::FRAME_ALIGN)), 2 (Mooncake's status frames) or 1 (legacy). Each request
     /// uses the lower of this and the peer's published version.
@@ -115,6 +120,7 @@ impl Default for TcpConfig {
             io_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(300),
             max_inbound: 256,
+            exchange_timeout: tern_metadata::auth::EXCHANGE_TIMEOUT,
             proto_version,
             socket_buffer_bytes: None,
         }
@@ -250,6 +256,24 @@ impl Transport for TcpTransport {
                 slices.next_if(|s| Arc::ptr_eq(s.peer(), &peer))
             }));
             pool.push_all(run);
+        }
+    }
+
+    /// Each pool gives back the queued slices of ended tasks, and its lanes those they hold
+    /// (dropping a connection that has one on the wire).
+    fn cut_off(&self) {
+        let Some(running) = self.running.get() else {
+            return;
+        };
+        let pools: Vec<_> = running
+            .pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for pool in pools {
+            pool.cut_off();
         }
     }
 

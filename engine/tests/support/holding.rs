@@ -1,6 +1,8 @@
 //! A transport that holds the slices it is given until the test takes them, and has no
-//! thread of its own; if it offers help, a waiting thread completes them one per call.
+//! thread of its own; if it offers help, a waiting thread completes them one per call. Asked
+//! to cut off, it gives back the held slices of ended tasks, unless told to ignore it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
@@ -13,6 +15,8 @@ pub struct HoldingTransport {
     pub offers_help: bool,
     /// The threads that helped, one entry per slice completed.
     pub helped_by: Arc<Mutex<Vec<ThreadId>>>,
+    /// Whether [`Transport::cut_off`] is ignored: slices stay held until the test takes them.
+    pub deaf: Arc<AtomicBool>,
 }
 
 impl HoldingTransport {
@@ -50,6 +54,22 @@ impl Transport for HoldingTransport {
             .push(std::thread::current().id());
         slice.complete();
         true
+    }
+    fn cut_off(&self) {
+        if self.deaf.load(Ordering::SeqCst) {
+            return;
+        }
+        let ended: Vec<Slice> = {
+            let mut held = self.held.lock().unwrap();
+            let (ended, live) = std::mem::take(&mut *held)
+                .into_iter()
+                .partition(|s| !s.is_live());
+            *held = live;
+            ended
+        };
+        for slice in ended {
+            slice.cut_off(false);
+        }
     }
     fn shutdown(&self) {
         self.held.lock().unwrap().clear();
