@@ -86,7 +86,10 @@ pub struct RdmaConfig {
     /// Worker threads per NIC, 1..=8 (`MC_WORKERS_PER_CTX`, default 1: Tern's workers both
     /// post and poll, so one per NIC keeps a NIC's completions on one core).
     pub workers_per_nic: usize,
-    /// Slice size in bytes, 4 KiB..=64 MiB (`MC_SLICE_SIZE`, default 64 KiB).
+    /// Slice size in bytes, 4 KiB..=64 MiB (`MC_SLICE_SIZE`, default 64 KiB). Set by hand,
+    /// it must leave every slice (a merged tail included) within one work request, at most
+    /// `u32::MAX` bytes and the ports' `max_msg_sz`; `RdmaTransport::discover` refuses it
+    /// otherwise ([`ConfigError::SliceTooLarge`]).
     pub slice_size: usize,
     /// A request's tail shorter than `slice_size / fragment_ratio` is merged into the
     /// previous slice; 1..=64 (`MC_FRAGMENT_RATIO`, default 4).
@@ -199,6 +202,71 @@ impl RdmaConfig {
         // public, so a hand-made 0 must not divide by zero.
         self.slice_size / self.fragment_ratio.max(1)
     }
+
+    /// The longest slice these settings make: a full slice with the longest tail merged
+    /// into it (one byte short of [`tail_merge_below`](Self::tail_merge_below)).
+    pub fn largest_slice(&self) -> u64 {
+        let slice = self.slice_size.max(1) as u64;
+        slice + (self.tail_merge_below() as u64).saturating_sub(1)
+    }
+
+    /// Whether every slice fits one work request: an SGE's length is a `u32`, and no
+    /// message may be longer than the port's `max_msg_sz` (`ibv_query_port(3)`).
+    /// `devices` are the opened NICs' names with their ports' `max_msg_sz`.
+    pub fn check_slice_size<'a>(
+        &self,
+        devices: impl IntoIterator<Item = (&'a str, u32)>,
+    ) -> Result<(), ConfigError> {
+        if self.slice_size == 0 {
+            return Err(ConfigError::ZeroSliceSize);
+        }
+        let largest = self.largest_slice();
+        let mut limit = (
+            u64::from(u32::MAX),
+            "the 32-bit length of a work request".to_owned(),
+        );
+        for (name, max_msg) in devices {
+            if u64::from(max_msg) < limit.0 {
+                limit = (
+                    u64::from(max_msg),
+                    format!("the max_msg_sz of {name}'s port"),
+                );
+            }
+        }
+        if largest > limit.0 {
+            return Err(ConfigError::SliceTooLarge {
+                slice_size: self.slice_size,
+                largest,
+                limit: limit.0,
+                limited_by: limit.1,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Settings the RDMA transport cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `slice_size` is 0: nothing could be cut into slices.
+    #[error("the RDMA slice size is 0")]
+    ZeroSliceSize,
+    /// A slice would be longer than one work request may carry: lower `slice_size` (or raise
+    /// `fragment_ratio`, which bounds the tail merged into a slice).
+    #[error(
+        "the RDMA slice size {slice_size} makes slices of up to {largest} bytes (with a merged tail), more than {limit}, {limited_by}"
+    )]
+    SliceTooLarge {
+        /// The configured slice size.
+        slice_size: usize,
+        /// The longest slice it makes.
+        largest: u64,
+        /// The most one work request may carry.
+        limit: u64,
+        /// What sets that limit.
+        limited_by: String,
+    },
 }
 
 /// The variable source, with the parse-or-warn rules in one place.
@@ -293,6 +361,59 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         RdmaConfig::from_lookup(move |name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn slices_must_fit_one_work_request() {
+        const GIB: usize = 1 << 30;
+        let with_slice = |slice_size, fragment_ratio| RdmaConfig {
+            slice_size,
+            fragment_ratio,
+            ..RdmaConfig::default()
+        };
+        // The defaults, and the largest the environment allows, fit rxe's 2 GiB messages.
+        let rxe = [("rxe0", 1u32 << 31)];
+        assert_eq!(RdmaConfig::default().check_slice_size(rxe), Ok(()));
+        assert_eq!(with_slice(64 << 20, 1).check_slice_size(rxe), Ok(()));
+        // 4 GiB would be posted as a 0-byte SGE.
+        let err = with_slice(4 * GIB, 4).check_slice_size([]).unwrap_err();
+        assert!(
+            matches!(err, ConfigError::SliceTooLarge { limit, .. } if limit == u64::from(u32::MAX)),
+            "{err}"
+        );
+        // 2 GiB with a merged tail of up to 2 GiB - 1 is exactly u32::MAX: it fits, one
+        // byte more does not.
+        assert_eq!(with_slice(2 * GIB, 1).largest_slice(), u64::from(u32::MAX));
+        assert_eq!(with_slice(2 * GIB, 1).check_slice_size([]), Ok(()));
+        assert!(with_slice(2 * GIB + 1, 1).check_slice_size([]).is_err());
+        // The tail counts: 3 GiB slices with tails of up to 1.5 GiB merged in do not fit.
+        assert!(with_slice(3 * GIB, 2).check_slice_size([]).is_err());
+        // The port's max_msg_sz is a limit of its own, and the error names the device.
+        let small = [("rxe0", 1u32 << 31), ("mlx5_1", 1u32 << 30)];
+        match with_slice(GIB, 4).check_slice_size(small) {
+            Err(ConfigError::SliceTooLarge {
+                largest,
+                limit,
+                limited_by,
+                ..
+            }) => {
+                assert_eq!(largest, (GIB + GIB / 4 - 1) as u64);
+                assert_eq!(limit, 1 << 30);
+                assert!(limited_by.contains("mlx5_1"), "{limited_by}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            with_slice(0, 4).check_slice_size([]),
+            Err(ConfigError::ZeroSliceSize)
+        );
+    }
+
+    #[test]
+    fn the_environment_cannot_set_a_slice_beyond_64_mib() {
+        let config = with(&[(SLICE_SIZE_ENV, "4294967296")]);
+        assert_eq!(config.slice_size, 64 << 10, "ignored with a warning");
+        assert_eq!(config.check_slice_size([]), Ok(()));
     }
 
     #[test]

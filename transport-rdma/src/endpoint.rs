@@ -55,6 +55,9 @@ pub(crate) struct PeerQps {
     pub qps: Vec<u32>,
     /// Path MTU in bytes, already the smaller of both ends'.
     pub mtu: u32,
+    /// The first packet sequence number of the peer's QPs, if it sent one (a Tern peer);
+    /// without it both ends start at 0, as Mooncake's do.
+    pub psn: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -75,6 +78,9 @@ pub(crate) struct Endpoint {
     /// The worker whose completion queue the QPs report to.
     pub worker: usize,
     pub qps: Vec<DataQp>,
+    /// The first packet sequence number of these QPs' send queues when the peer is a Tern
+    /// node (random, 24 bits; sent in the handshake's `psn`).
+    pub psn: u32,
     state: AtomicU8,
     /// Serialises QP state changes, which the worker, a handshake thread and the RPC
     /// server may attempt at once.
@@ -107,6 +113,7 @@ impl Endpoint {
             nic: nic.index,
             worker,
             qps,
+            psn: crate::handshake::random_psn(),
             state: AtomicU8::new(state as u8),
             link: Mutex::new(Link {
                 peer_qps: Vec::new(),
@@ -190,12 +197,14 @@ impl Endpoint {
             sgid_index: u8::try_from(nic.gid.index)
                 .map_err(|_| format!("GID index {} does not fit a QP", nic.gid.index))?,
             mtu: mtu_enum(peer.mtu),
+            // A peer that sent no PSN (Mooncake) expects ours to start at 0, as its own do.
+            psn: if peer.psn.is_some() { self.psn } else { 0 },
             ..*template
         };
         for (qp, &qp_num) in self.qps.iter().zip(&peer.qps) {
             let remote = Peer {
                 qp_num,
-                psn: 0,
+                psn: peer.psn.unwrap_or(0),
                 gid: peer.gid,
                 lid: peer.lid,
             };
@@ -342,6 +351,7 @@ mod tests {
                 lid: nic.lid,
                 qps: ep.qp_nums(),
                 mtu: nic.mtu,
+                psn: Some(ep.psn),
             };
             ep.connect(nic, &me, &template)
                 .unwrap_or_else(|e| panic!("round {round}: {e}"));

@@ -42,6 +42,10 @@ pub enum RdmaError {
         /// Why.
         source: std::io::Error,
     },
+    /// The settings cannot be used with these devices (a slice size too large for one work
+    /// request, for one).
+    #[error("RDMA settings: {0}")]
+    Config(#[from] crate::config::ConfigError),
     /// The transport was asked to start twice, or used before it started.
     #[error("{0}")]
     State(&'static str),

@@ -36,6 +36,11 @@ pub struct HandshakeDesc {
     /// The NIC path the sender wants to reach, `<server name>@<device>`.
     #[serde(default)]
     pub peer_nic_path: String,
+    /// Tern's extension: the first packet sequence number of the sender's QPs (24 bits,
+    /// random per endpoint), which the receiver's QPs expect. Peers without it (Mooncake)
+    /// omit it and ignore it; both ends then start at 0, as Mooncake does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psn: Option<u32>,
     /// The sender's QP numbers, one per QP of the endpoint; `qp_num[i]` pairs with the
     /// receiver's `qp_num[i]`.
     #[serde(default)]
@@ -151,6 +156,8 @@ pub struct ConnectRequest {
     pub peer_qps: Vec<u32>,
     /// The sender's path MTU, if it is a Tern node.
     pub peer_mtu: Option<u32>,
+    /// The sender's first packet sequence number, if it is a Tern node.
+    pub peer_psn: Option<u32>,
     /// The sender supports the ready-ACK extension (the key was present).
     pub wants_ready_ack: bool,
 }
@@ -160,6 +167,39 @@ pub const VALID_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
 
 /// QP numbers are 24 bits on the wire; a larger one cannot name a real QP.
 const MAX_QP_NUMBER: u32 = 0x00ff_ffff;
+
+/// Packet sequence numbers are 24 bits on the wire too.
+pub const MAX_PSN: u32 = 0x00ff_ffff;
+
+/// A random first packet sequence number (24 bits) for a new endpoint's QPs. Between Tern
+/// peers it makes a packet injected into an established connection by a host that did not
+/// see the handshake land outside the expected sequence window; it is no authentication.
+pub fn random_psn() -> u32 {
+    let mut bytes = [0u8; 4];
+    if getrandom::fill(&mut bytes).is_err() {
+        // No system randomness: the standard library's per-process random hash keys, mixed
+        // with the time, still vary per endpoint and per process.
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        bytes = (hasher.finish() as u32).to_le_bytes();
+    }
+    u32::from_le_bytes(bytes) & MAX_PSN
+}
+
+/// A peer's `psn` field, checked: `Err` names a value that does not fit 24 bits.
+pub fn check_psn(psn: Option<u32>) -> Result<Option<u32>, String> {
+    match psn {
+        Some(psn) if psn > MAX_PSN => Err(format!(
+            "psn {psn} does not fit the 24 bits of a packet sequence number"
+        )),
+        psn => Ok(psn),
+    }
+}
 
 /// Checks a Connection request before anything is created for it. `Err` holds the reason to
 /// send back in [`HandshakeDesc::rejection`]; it names the offending values.
@@ -216,6 +256,7 @@ pub fn check_request(
             "mtu {mtu} is not one of 256, 512, 1024, 2048, 4096"
         ));
     }
+    let peer_psn = check_psn(desc.psn)?;
     Ok(ConnectRequest {
         peer,
         local_nic: target.nic,
@@ -223,6 +264,7 @@ pub fn check_request(
         peer_lid: desc.local_lid,
         peer_qps: desc.qp_num.clone(),
         peer_mtu: desc.mtu,
+        peer_psn,
         wants_ready_ack: desc.ready_ack.is_some(),
     })
 }
@@ -272,6 +314,7 @@ mod tests {
             mtu: None,
             payload: String::new(),
             peer_nic_path: format!("{ME}@mlx5_1"),
+            psn: None,
             qp_num: vec![17, 18],
             ready_ack: Some(false),
             reply_msg: String::new(),
@@ -304,9 +347,48 @@ mod tests {
                 peer_lid: 0,
                 peer_qps: vec![17, 18],
                 peer_mtu: None,
+                peer_psn: None,
                 wants_ready_ack: true,
             }
         );
+    }
+
+    #[test]
+    fn a_tern_peer_sends_its_psn_in_sorted_position_and_mooncake_omits_it() {
+        let tern = HandshakeDesc {
+            psn: Some(0x00ab_cdef),
+            ..request()
+        };
+        let body = String::from_utf8(tern.to_body()).unwrap();
+        let (nic_path, psn, qps) = (
+            body.find("\"peer_nic_path\"").unwrap(),
+            body.find("\"psn\":11259375").unwrap(),
+            body.find("\"qp_num\"").unwrap(),
+        );
+        assert!(nic_path < psn && psn < qps, "keys stay sorted: {body}");
+        assert_eq!(HandshakeDesc::parse(body.as_bytes()), Ok(tern.clone()));
+        assert_eq!(check(&tern).unwrap().peer_psn, Some(0x00ab_cdef));
+        let mooncake = String::from_utf8(request().to_body()).unwrap();
+        assert!(!mooncake.contains("psn"), "{mooncake}");
+        assert_eq!(check(&request()).unwrap().peer_psn, None);
+    }
+
+    #[test]
+    fn rejects_a_psn_beyond_24_bits() {
+        let desc = HandshakeDesc {
+            psn: Some(MAX_PSN + 1),
+            ..request()
+        };
+        rejected_with(&desc, &["psn", "16777216", "24 bits"]);
+        assert!(check_psn(Some(MAX_PSN)).is_ok());
+    }
+
+    #[test]
+    fn random_psns_fit_24_bits_and_vary() {
+        let psns: HashSet<u32> = (0..64).map(|_| random_psn()).collect();
+        assert!(psns.iter().all(|&psn| psn <= MAX_PSN));
+        // 64 draws of 24 bits: a repeat is a 1-in-8000 chance, all the same none.
+        assert!(psns.len() > 32, "{psns:?}");
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! descriptor schema, answers and sends Mooncake's Connection handshake (with Tern's MTU
 //! field), and moves slices as RDMA READ and WRITE. Failed slices are retried on another
 //! path, NIC or QP; failing paths and NICs are paused; a remote access error fails its task
-//! with a typed error.
+//! with a typed error. When the engine asks ([`Transport::cut_off`]), slices of tasks it
+//! ended are let go at once: dropped if not posted, flushed (their endpoint's QPs moved to
+//! the error state) if posted.
 //!
 //! It must not call libibverbs directly (that is `tern-verbs`), must not publish metadata
 //! itself (it hands its part of the descriptor to the engine), and must not own deadlines or
@@ -88,7 +90,10 @@ impl RdmaTransport {
     /// empty) and works out their priority matrix: the one given in `config`, else the file
     /// `MC_CUSTOM_TOPO_JSON` names, else one built from the NICs' NUMA nodes.
     pub fn discover(config: RdmaConfig) -> Result<Self, RdmaError> {
+        // Before any device is opened, the part of the check that needs none.
+        config.check_slice_size([])?;
         let nics = open_nics(&config)?;
+        config.check_slice_size(nics.iter().map(|n| (n.name.as_str(), n.max_msg)))?;
         let names: Vec<String> = nics.iter().map(|n| n.name.clone()).collect();
         let matrix = match (&config.priority_matrix, &config.topology_file) {
             (Some(json), _) => parse_matrix(json)?,
@@ -533,6 +538,18 @@ impl Transport for RdmaTransport {
             if !jobs.is_empty() {
                 shared.nics[group / workers].workers[group % workers].send_jobs(jobs);
             }
+        }
+    }
+
+    /// Asks every worker to let go of the slices of ended tasks (see `Worker::cut_off`);
+    /// only sends messages, so it never blocks.
+    fn cut_off(&self) {
+        let Some(shared) = self.running() else {
+            return;
+        };
+        for worker in shared.nics.iter().flat_map(|slot| &slot.workers) {
+            // A stopped worker has failed its slices already.
+            let _ = worker.send(worker::Msg::CutOff);
         }
     }
 

@@ -61,6 +61,8 @@ pub(crate) struct Nic {
     pub mtu: u32,
     pub numa_node: Option<u32>,
     pub limits: DeviceLimits,
+    /// The port's largest message in bytes (`max_msg_sz`): the longest slice it can post.
+    pub max_msg: u32,
 }
 
 impl Nic {
@@ -206,6 +208,7 @@ fn open_nic(index: usize, name: &str, config: &RdmaConfig) -> Result<Nic, String
         mtu: port.mtu_bytes().min(config.mtu),
         numa_node: numa_node_of_nic(Path::new("/sys"), name),
         limits,
+        max_msg: port.max_msg_sz,
     })
 }
 

@@ -15,7 +15,7 @@ use tern_verbs::{Gid, PathConfig, QpCaps};
 
 use crate::config::RdmaConfig;
 use crate::endpoint::{Endpoint, EndpointStore, PeerQps, State};
-use crate::handshake::{HandshakeDesc, check_request, path_mtu};
+use crate::handshake::{HandshakeDesc, check_psn, check_request, path_mtu};
 use crate::nic::Nic;
 use crate::route::{Blame, Health, Ranked, Side, choose};
 use crate::topology::candidates;
@@ -555,7 +555,13 @@ impl Shared {
             .map_err(|e| format!("cannot create QPs on {}: {e}", slot.nic.name))
     }
 
-    fn my_desc(&self, nic: usize, peer_path: &str, qp_num: Vec<u32>) -> HandshakeDesc {
+    fn my_desc(
+        &self,
+        nic: usize,
+        peer_path: &str,
+        qp_num: Vec<u32>,
+        psn: Option<u32>,
+    ) -> HandshakeDesc {
         let n = &self.nics[nic].nic;
         HandshakeDesc {
             local_gid: n.gid.gid.to_string(),
@@ -564,6 +570,7 @@ impl Shared {
             mtu: Some(n.mtu),
             payload: String::new(),
             peer_nic_path: peer_path.to_owned(),
+            psn,
             qp_num,
             ready_ack: Some(false),
             reply_msg: String::new(),
@@ -575,7 +582,7 @@ impl Shared {
     fn handshake(&self, ep: &Endpoint, peer: &PeerSegment) -> Result<(), String> {
         let nic = &self.nics[ep.nic].nic;
         let _span = tracing::debug_span!("rdma_connect", path = %ep.key, nic = %nic.name).entered();
-        let mut request = self.my_desc(ep.nic, &ep.key, ep.qp_nums());
+        let mut request = self.my_desc(ep.nic, &ep.key, ep.qp_nums(), Some(ep.psn));
         let call = |request: &HandshakeDesc| -> Result<HandshakeDesc, String> {
             let reply = self
                 .context
@@ -605,6 +612,7 @@ impl Shared {
             lid: reply.local_lid,
             qps: reply.qp_num.clone(),
             mtu: path_mtu(nic.mtu, reply.mtu),
+            psn: check_psn(reply.psn).map_err(|e| format!("{} answered with {e}", ep.key))?,
         };
         ep.connect(nic, &remote, &self.template)?;
         if reply.ready_ack.is_some() {
@@ -663,6 +671,7 @@ impl Shared {
             lid: request.peer_lid,
             qps: request.peer_qps.clone(),
             mtu: path_mtu(slot.nic.mtu, request.peer_mtu),
+            psn: request.peer_psn,
         };
         let worker = self.worker_index(&key);
         let mut store = lock(&slot.store);
@@ -688,7 +697,9 @@ impl Shared {
                 ep
             }
         };
-        Ok(self.my_desc(nic, &key, ep.qp_nums()))
+        // Our PSN only to a peer that sent its own: a Mooncake peer starts at 0 both ways.
+        let psn = request.peer_psn.map(|_| ep.psn);
+        Ok(self.my_desc(nic, &key, ep.qp_nums(), psn))
     }
 }
 

@@ -10,7 +10,10 @@
 //! pin is dropped only when its request is retired, so no region can be unregistered while a
 //! NIC may still write it. A retired endpoint is dropped (its QPs destroyed) only once its
 //! ledgers are empty; one whose device never flushes is abandoned after `DRAIN_LIMIT`: its
-//! tasks fail, its pins are kept for good.
+//! tasks fail, its pins are kept for good. Asked to cut off (`Msg::CutOff`), a worker drops
+//! the queued slices of ended tasks and retires every endpoint with a posted request of one,
+//! so that a timed-out or canceled task's memory is back once the flush is reaped, not after
+//! the QP's retry timeout or a handshake with a peer that does not answer.
 //!
 //! When it has nothing to do the worker spins briefly, then sleeps on its CQ's completion
 //! channel and on a doorbell socket that senders write to only while it sleeps, so an idle
@@ -59,6 +62,8 @@ pub(crate) enum Msg {
     },
     /// An endpoint of this worker became usable (its peer's ready ACK came) or was retired.
     Changed(Arc<Endpoint>),
+    /// Tasks ended while slices of them were here: let go of those slices now.
+    CutOff,
     Stop,
 }
 
@@ -165,6 +170,9 @@ struct Slot {
     next_qp: usize,
     /// Set once the endpoint is retired here: the slot goes when nothing is in flight.
     retired_at: Option<Instant>,
+    /// Retired to cut off requests of ended tasks, not for a fault: what else it flushes
+    /// goes out again on the same path, uncounted as a failure.
+    cut_off: bool,
     /// This worker's `(bytes, slices)` to the endpoint's peer server.
     moved: Arc<MovedCounter>,
 }
@@ -316,7 +324,56 @@ impl Worker {
                     }
                 }
             }
+            Msg::CutOff => self.cut_off(),
             Msg::Stop => {}
+        }
+    }
+
+    /// Lets go of every slice here whose task has ended. One not posted (queued, waiting for
+    /// a handshake or a ready ACK) is abandoned at once. An endpoint with a posted request
+    /// of an ended task is retired: its QPs are moved to the error state
+    /// (`ibv_modify_qp(3)`, `IBV_QPS_ERR`), in which, by the InfiniBand Architecture
+    /// Specification, every outstanding request completes with a flush error
+    /// (`IBV_WC_WR_FLUSH_ERR`, `ibv_poll_cq(3)`), and `complete` reports each ended one as
+    /// cut off once that completion has been polled. Only then does its pin go: once a
+    /// request's completion (a flush included) has been retrieved from the CQ the device no
+    /// longer accesses its memory (`ibv_post_send(3)`, NOTES; the specification: a completion
+    /// returns the request's buffers to the application). The endpoint's other requests go
+    /// out again on a fresh one.
+    fn cut_off(&mut self) {
+        for job in std::mem::take(&mut self.local) {
+            if job.slice.is_live() {
+                self.local.push_back(job);
+            } else {
+                job.slice.abandon();
+            }
+        }
+        for index in 0..self.slots.len() {
+            let Some(slot) = self.slots[index].as_mut() else {
+                continue;
+            };
+            for job in std::mem::take(&mut slot.backlog) {
+                if job.slice.is_live() {
+                    slot.backlog.push_back(job);
+                } else {
+                    job.slice.abandon();
+                }
+            }
+            let posted_ended = slot.retired_at.is_none()
+                && slot.in_flight() > 0
+                && slot
+                    .ep
+                    .qps
+                    .iter()
+                    .any(|qp| qp.any_send_in_flight(|job| !job.slice.is_live()));
+            if posted_ended {
+                tracing::debug!(
+                    "cutting off requests of ended tasks on {}: its QPs go to the error state",
+                    slot.ep.key
+                );
+                slot.cut_off = true;
+                self.retire(index, None);
+            }
         }
     }
 
@@ -379,6 +436,7 @@ impl Worker {
             backlog: VecDeque::new(),
             next_qp: 0,
             retired_at: None,
+            cut_off: false,
         };
         let index = match self.free.pop() {
             Some(index) => {
@@ -447,6 +505,17 @@ impl Worker {
                 job.slice.abandon();
                 continue;
             }
+            // The configuration keeps slices within u32::MAX (see `RdmaConfig::check_slice_size`);
+            // a longer one is refused here rather than posted truncated.
+            let Ok(len) = u32::try_from(job.slice.len) else {
+                let message = format!(
+                    "a slice of {} bytes does not fit one RDMA work request (at most {})",
+                    job.slice.len,
+                    u32::MAX
+                );
+                job.slice.fail(TransferError::Dropped(message));
+                continue;
+            };
             slot.next_qp = (q + 1) % qp_count;
             let (remote_addr, rkey) = (job.slice.remote_addr, job.rkey);
             let op = match job.slice.opcode() {
@@ -457,7 +526,7 @@ impl Worker {
                 op,
                 local: Sge {
                     addr: job.slice.local_addr as u64,
-                    len: job.slice.len as u32,
+                    len,
                     lkey: job.lkey,
                 },
                 guard: job.slice.pinned(),
@@ -567,6 +636,7 @@ impl Worker {
     }
 
     fn failed(&mut self, slot_index: usize, job: Job, error: CompletionError) {
+        let cut_off = self.slots[slot_index].as_ref().is_some_and(|s| s.cut_off);
         // Any error leaves the QP in the error state: the endpoint is done for.
         self.retire(slot_index, None);
         if self.shared.stopping.load(Ordering::Acquire) {
@@ -575,8 +645,9 @@ impl Worker {
                 .fail(TransferError::Dropped("the RDMA transport stopped".into()));
         }
         if error.code == CompletionError::FLUSHED {
-            let reason = format!("flushed after an error on {}", job.key);
-            return self.reroute(job, Some(reason));
+            // Flushed because this worker cut the endpoint off: no fault of the path.
+            let reason = (!cut_off).then(|| format!("flushed after an error on {}", job.key));
+            return self.again(job, reason);
         }
         self.inbox.counters.failures.add(1);
         if error.code == CompletionError::REMOTE_ACCESS {
@@ -604,7 +675,19 @@ impl Worker {
         self.shared.blame(self.nic, &job.key, blame);
         let reason = format!("{error} on {}", job.key);
         self.shared.note_failure(&job.key, &reason);
-        self.reroute(job, Some(reason));
+        self.again(job, Some(reason));
+    }
+
+    /// A posted request came back without having run (flushed, or failed on the path): its
+    /// slice goes out again, or, if its task has ended meanwhile, is reported cut off. Its
+    /// completion was polled, so the NIC no longer touches its local memory; a write's bytes
+    /// may have left, and may have landed.
+    fn again(&mut self, job: Job, reason: Option<String>) {
+        if !job.slice.is_live() {
+            let write = job.slice.opcode() == Opcode::Write;
+            return job.slice.cut_off(write);
+        }
+        self.reroute(job, reason);
     }
 
     /// Sends a job that could not run here on another attempt: to another path when it

@@ -118,8 +118,8 @@ fn tern_connects_to_a_peer_that_answers_the_golden_frames() {
         .unwrap();
     assert!(holds(&local, 4096, 2, 100_000));
 
-    // Tern's frames carry the recorded keys (plus its MTU), in the recorded order of events:
-    // the request, then the ready ACK with the same QPs.
+    // Tern's frames carry the recorded keys (plus its MTU and PSN, which Mooncake ignores),
+    // in the recorded order of events: the request, then the ready ACK with the same QPs.
     let exchanges = standin.exchanges.lock().unwrap().clone();
     assert_eq!(
         exchanges.len(),
@@ -128,6 +128,7 @@ fn tern_connects_to_a_peer_that_answers_the_golden_frames() {
     );
     let mut expected = keys(&golden.req);
     expected.push("mtu".into());
+    expected.push("psn".into());
     expected.sort();
     for (request, _) in &exchanges {
         assert_eq!(keys(request), expected, "{request}");
@@ -143,6 +144,12 @@ fn tern_connects_to_a_peer_that_answers_the_golden_frames() {
         (json!(false), json!(true))
     );
     assert_eq!(first["qp_num"], ack["qp_num"]);
+    // Tern offers its random PSN; the stand-in answers as Mooncake (none), so both ends ran
+    // at PSN 0 — had Tern started its QPs at its own PSN, the transfers above would not
+    // have completed.
+    let psn = first["psn"].as_u64().expect("Tern sends a PSN");
+    assert!(psn <= 0x00ff_ffff, "psn {psn} fits 24 bits");
+    assert_eq!(first["psn"], ack["psn"]);
     assert_eq!(
         first["qp_num"].as_array().unwrap().len(),
         2,
@@ -877,4 +884,306 @@ fn slices_rdma_cannot_carry_move_over_tcp() {
     };
     assert_eq!(of("rdma").bytes, 0, "{stats:?}");
     assert_eq!(of("tcp").bytes, 8 << 20, "{stats:?}");
+}
+
+/// A slice size that would make slices longer than one work request carries is refused
+/// when the transport is set up, with an error that names the limit: beyond `u32` (an SGE's
+/// length), and beyond the port's `max_msg_sz` as the device reports it.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn a_slice_size_beyond_one_work_request_is_refused_at_discover() {
+    use tern_transport_rdma::config::ConfigError;
+    use tern_transport_rdma::{RdmaConfig, RdmaError, RdmaTransport};
+    support::setup(
+        "a_slice_size_beyond_one_work_request_is_refused_at_discover",
+        Duration::from_secs(120),
+    );
+    let discover = |slice_size: usize| {
+        RdmaTransport::discover(RdmaConfig {
+            devices: vec![device()],
+            slice_size,
+            ..RdmaConfig::from_env()
+        })
+    };
+    match discover(4 << 30) {
+        Err(RdmaError::Config(ConfigError::SliceTooLarge { limit, .. })) => {
+            assert_eq!(limit, u64::from(u32::MAX));
+        }
+        other => panic!("a 4 GiB slice size: {other:?}"),
+    }
+    let max_msg = tern_verbs::Context::open(&device())
+        .unwrap()
+        .port(1)
+        .unwrap()
+        .max_msg_sz;
+    eprintln!("{} port 1: max_msg_sz {max_msg}", device());
+    assert!(max_msg > 0);
+    // A slice of max_msg_sz fits, but the tail merged into it (a quarter of a slice at the
+    // default fragment ratio) does not.
+    match discover(max_msg as usize) {
+        Err(RdmaError::Config(ConfigError::SliceTooLarge {
+            limit, limited_by, ..
+        })) => {
+            assert_eq!(limit, u64::from(max_msg));
+            if u64::from(max_msg) < u64::from(u32::MAX) {
+                assert!(limited_by.contains(&device()), "{limited_by}");
+            }
+        }
+        other => panic!("a slice size of max_msg_sz: {other:?}"),
+    }
+    // Half of max_msg_sz, with its quarter-slice tail, fits.
+    discover(max_msg as usize / 2).expect("a slice size well inside max_msg_sz");
+}
+
+/// Memory the test owns, registered raw: it stays readable after it is unregistered, so the
+/// test can see whether anything still writes it. Leaked, so that even a failing test (whose
+/// memory a NIC may still write) never frees it.
+struct Local {
+    bytes: &'static mut [u8],
+}
+
+impl Local {
+    fn register(engine: &TransferEngine, len: usize) -> Self {
+        let bytes: &'static mut [u8] = Box::leak(vec![0u8; len].into_boxed_slice());
+        // SAFETY: `bytes` is leaked: it stays allocated, and is never moved, for as long as
+        // the process lives, registered or not.
+        unsafe {
+            tern_engine::RegisterRaw::register_memory(
+                engine,
+                bytes.as_mut_ptr(),
+                bytes.len(),
+                "cpu:0",
+                true,
+            )
+            .unwrap();
+        }
+        Self { bytes }
+    }
+
+    fn addr(&self) -> usize {
+        self.bytes.as_ptr() as usize
+    }
+
+    fn checksum(&self) -> u64 {
+        // Read afresh each time: only the NIC writes the vector, behind the compiler's back.
+        let mut sum = 0u64;
+        for chunk in self.bytes.chunks(4096) {
+            let word = std::hint::black_box(chunk)
+                .iter()
+                .fold(0u64, |h, &b| h.rotate_left(5) ^ u64::from(b));
+            sum = sum.wrapping_mul(31).wrapping_add(word);
+        }
+        sum
+    }
+
+    /// For two seconds from now the buffer does not change.
+    fn assert_untouched(&self, what: &str) {
+        let before = self.checksum();
+        let until = std::time::Instant::now() + Duration::from_secs(2);
+        while std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(
+                self.checksum(),
+                before,
+                "{what}: the local buffer changed after the call returned"
+            );
+        }
+    }
+}
+
+/// A 1 MiB read that waits for a handshake the target process cannot answer (stopped with
+/// SIGSTOP before the initiator's first transfer) ends as `Timeout` at its deadline; at
+/// once its buffer can be unregistered, and it stays untouched for the next two seconds
+/// while the target runs again (and could now answer the handshake). The path then serves
+/// the initiator normally.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn a_read_waiting_on_a_handshake_to_a_stopped_peer_gives_its_memory_back_at_the_timeout() {
+    support::setup(
+        "a_read_waiting_on_a_handshake_to_a_stopped_peer_gives_its_memory_back_at_the_timeout",
+        Duration::from_secs(300),
+    );
+    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
+    let (segment, addr) = value.split_once(' ').unwrap();
+    let remote: u64 = addr.parse().unwrap();
+    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    let peer = engine.open_segment(segment).unwrap();
+    let local = Local::register(&engine, 1 << 20);
+    target.signal("STOP");
+    let batch = engine.allocate_batch(1).unwrap();
+    engine
+        .submit(
+            &batch,
+            &[TransferRequest::read(local.addr(), peer, remote, 1 << 20)],
+        )
+        .unwrap();
+    batch.set_deadline(Some(std::time::Instant::now() + Duration::from_millis(500)));
+    batch.wait(Duration::from_secs(30));
+    let status = batch.task_status(0).unwrap();
+    assert_eq!(status.status, TransferStatus::Timeout, "{status:?}");
+    assert!(!status.remote_may_change, "a read changes nothing remote");
+    engine
+        .unregister_memory(local.addr())
+        .expect("unregistering the timed-out read's buffer succeeds at once");
+    target.signal("CONT");
+    local.assert_untouched("a read waiting on a handshake");
+    engine.free_batch(&batch).unwrap();
+    let owned = engine.allocate(8 << 20, "cpu:0").unwrap();
+    read_the_helper_then_write_to_it(&engine, peer, &owned, remote);
+    assert!(target.finish().success(), "the target saw the write");
+}
+
+/// A 1 MiB read posted on an open endpoint to a target process that was then killed:
+/// nothing answers its packets, and with a long ACK timeout its QP would retry for
+/// minutes. At the deadline it ends as `Timeout`: its endpoint's QPs go to the error state,
+/// the flushed request is reaped, and at once its buffer can be unregistered and stays
+/// untouched.
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn a_read_on_the_wire_to_a_vanished_peer_is_flushed_at_the_timeout() {
+    support::setup(
+        "a_read_on_the_wire_to_a_vanished_peer_is_flushed_at_the_timeout",
+        Duration::from_secs(300),
+    );
+    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
+    let (segment, addr) = value.split_once(' ').unwrap();
+    let remote: u64 = addr.parse().unwrap();
+    // 4.096 µs × 2^24 ≈ 69 s per try, 7 tries: the QP alone would give up only minutes
+    // after the wait below.
+    let engine = builder(rdma_with(|c| c.ack_timeout = 24)).build().unwrap();
+    let peer = engine.open_segment(segment).unwrap();
+    let local = Local::register(&engine, 1 << 20);
+    engine
+        .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 4096))
+        .unwrap();
+    // Its QPs are destroyed with it: the device drops what arrives for them, unanswered.
+    target.kill();
+    let posted_before = tern_verbs::tracked_in_flight();
+    let batch = engine.allocate_batch(1).unwrap();
+    engine
+        .submit(
+            &batch,
+            &[TransferRequest::read(local.addr(), peer, remote, 1 << 20)],
+        )
+        .unwrap();
+    let started = std::time::Instant::now();
+    while tern_verbs::tracked_in_flight() == posted_before {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the read was never posted"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_millis(500);
+    batch.set_deadline(Some(deadline));
+    batch.wait(Duration::from_secs(30));
+    eprintln!(
+        "a read on the wire to a vanished peer: back {:?} after its deadline",
+        deadline.elapsed()
+    );
+    let status = batch.task_status(0).unwrap();
+    assert_eq!(status.status, TransferStatus::Timeout, "{status:?}");
+    assert!(!status.remote_may_change, "a read changes nothing remote");
+    engine
+        .unregister_memory(local.addr())
+        .expect("unregistering the flushed read's buffer succeeds at once");
+    assert_eq!(
+        tern_verbs::tracked_in_flight(),
+        posted_before,
+        "a request is still on the device"
+    );
+    local.assert_untouched("a read flushed at its deadline");
+    engine.free_batch(&batch).unwrap();
+}
+
+/// A write posted to a killed target, like the read above: it ends as `Timeout`, its
+/// buffer is free at once, and the status says the peer's memory may still change (bytes of
+/// it may have left before the QP was cut off).
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn a_write_on_the_wire_cut_off_at_the_timeout_says_the_peer_may_still_change() {
+    support::setup(
+        "a_write_on_the_wire_cut_off_at_the_timeout_says_the_peer_may_still_change",
+        Duration::from_secs(300),
+    );
+    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
+    let (segment, addr) = value.split_once(' ').unwrap();
+    let remote: u64 = addr.parse().unwrap();
+    let engine = builder(rdma_with(|c| c.ack_timeout = 24)).build().unwrap();
+    let peer = engine.open_segment(segment).unwrap();
+    let local = Local::register(&engine, 1 << 20);
+    engine
+        .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 4096))
+        .unwrap();
+    target.kill();
+    let batch = engine.allocate_batch(1).unwrap();
+    engine
+        .submit(
+            &batch,
+            &[TransferRequest::write(local.addr(), peer, remote, 1 << 20)],
+        )
+        .unwrap();
+    batch.set_deadline(Some(std::time::Instant::now() + Duration::from_millis(500)));
+    batch.wait(Duration::from_secs(30));
+    let status = batch.task_status(0).unwrap();
+    assert_eq!(status.status, TransferStatus::Timeout, "{status:?}");
+    assert!(status.remote_may_change, "{status:?}");
+    engine
+        .unregister_memory(local.addr())
+        .expect("unregistering the cut-off write's buffer succeeds at once");
+    engine.free_batch(&batch).unwrap();
+}
+
+/// How long reads stuck behind a handshake to a stopped target take to come back after
+/// their deadline, over 100 stalls (printed: p50, p99, max).
+#[test]
+#[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
+fn timed_out_reads_come_back_soon_after_their_deadline() {
+    support::setup(
+        "timed_out_reads_come_back_soon_after_their_deadline",
+        Duration::from_secs(300),
+    );
+    const STALLS: usize = 100;
+    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
+    let (segment, addr) = value.split_once(' ').unwrap();
+    let remote: u64 = addr.parse().unwrap();
+    // The handshake outlasts every stall.
+    let engine = builder(rdma_with(|c| {
+        c.handshake_timeout = Duration::from_secs(120)
+    }))
+    .build()
+    .unwrap();
+    let peer = engine.open_segment(segment).unwrap();
+    let local = Local::register(&engine, 1 << 20);
+    target.signal("STOP");
+    let mut took = Vec::with_capacity(STALLS);
+    for _ in 0..STALLS {
+        let batch = engine.allocate_batch(1).unwrap();
+        engine
+            .submit(
+                &batch,
+                &[TransferRequest::read(local.addr(), peer, remote, 1 << 20)],
+            )
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_millis(50);
+        batch.set_deadline(Some(deadline));
+        batch.wait(Duration::from_secs(30));
+        took.push(deadline.elapsed());
+        assert_eq!(
+            batch.task_status(0).unwrap().status,
+            TransferStatus::Timeout
+        );
+        engine.free_batch(&batch).unwrap();
+    }
+    engine.unregister_memory(local.addr()).unwrap();
+    target.signal("CONT");
+    took.sort();
+    println!(
+        "rdma: timed-out read back after its deadline over {STALLS} stalls: p50 {:?}, p99 {:?}, \
+         max {:?}",
+        took[STALLS / 2],
+        took[(STALLS * 99).div_ceil(100) - 1],
+        took[STALLS - 1]
+    );
+    target.kill();
 }

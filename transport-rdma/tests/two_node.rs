@@ -151,6 +151,28 @@ fn both_nics() -> RdmaTransport {
     rdma_with(|c| c.devices = DEVICES.map(str::to_owned).to_vec())
 }
 
+/// The GID Tern picks for `device` now (the best of its table), if any.
+fn chosen_gid(device: &str) -> Option<tern_verbs::Gid> {
+    tern_verbs::rank_gids(&tern_verbs::read_gid_table(device, 1))
+        .first()
+        .map(|entry| entry.gid)
+}
+
+/// What the engine's RDMA transport says about its peers: retries and each peer's last
+/// error, for a failure message.
+fn rdma_report(engine: &TransferEngine) -> String {
+    let stats = engine.stats();
+    let Some(rdma) = stats.transports.first() else {
+        return "no transport stats".into();
+    };
+    let errors: Vec<String> = rdma
+        .peers
+        .iter()
+        .filter_map(|p| p.last_error.as_ref().map(|e| format!("{}: {e}", p.peer)))
+        .collect();
+    format!("{} retries; last errors {errors:?}", rdma.retries)
+}
+
 /// A kernel counter of a device (`/sys/class/infiniband/<dev>/ports/1/hw_counters/<name>`).
 fn hw_counter(device: &str, name: &str) -> u64 {
     let path = format!("/sys/class/infiniband/{device}/ports/1/hw_counters/{name}");
@@ -332,7 +354,13 @@ fn striping_uses_both_nics() {
         });
         return node.verdict(result);
     }
-    let transport = both_nics();
+    // What this test checks is the split while both rails work: a path that fails once
+    // (a QP whose retries ran out while an emulated guest stalled) is paused for a second,
+    // not for the default 30 s that would outlast the test and leave one rail idle.
+    let transport = rdma_with(|c| {
+        c.devices = DEVICES.map(str::to_owned).to_vec();
+        c.rail_pause = Duration::from_secs(1);
+    });
     let stats = transport.clone();
     let engine = node.engine(transport).build().unwrap();
     let (peer, remote) = open_peer(&node, &engine);
@@ -373,8 +401,9 @@ fn striping_uses_both_nics() {
         read.as_secs_f64(),
         (CHUNKS * MIB) as f64 / read.as_secs_f64() / 1e6
     ));
+    let report = rdma_report(&engine);
     node.note(&format!(
-        "Tern bytes {DEVICES:?}: written {written:?}, read {fetched:?}; kernel packets: sent {sent:?} while writing, received {received:?} while reading"
+        "Tern bytes {DEVICES:?}: written {written:?}, read {fetched:?}; kernel packets: sent {sent:?} while writing, received {received:?} while reading; {report}"
     ));
     pattern.check(&back, CHUNKS).unwrap();
     node.publish("done", "");
@@ -386,7 +415,7 @@ fn striping_uses_both_nics() {
         // Striped: each NIC carries a fair share, not a trickle.
         assert!(
             written[i] >= total / 4 && fetched[i] >= total / 4,
-            "{} carried {} of {total} bytes written, {} read",
+            "{} carried {} of {total} bytes written, {} read ({report})",
             DEVICES[i],
             written[i],
             fetched[i]
@@ -493,6 +522,7 @@ fn failover_when_a_link_goes_down_mid_transfer() {
         );
     }
     let before_down = started.elapsed();
+    let gid_before = chosen_gid("rxe1").expect("rxe1 has a usable GID");
     let link = LinkDown::new("tern1");
     let down_at = Instant::now();
     let at_down = batch.status();
@@ -576,14 +606,41 @@ fn failover_when_a_link_goes_down_mid_transfer() {
         "one rkey per published device"
     );
     drop(link);
-    // Leave the node as it was: rxe1's port comes back once tern1 is up.
+    // Leave the node as it was, so that the next test starts on two working rails: rxe1's
+    // port comes back once tern1 is up, with the GID it had ...
     let up = Instant::now();
-    while !port_active("rxe1") {
+    while !port_active("rxe1") || chosen_gid("rxe1") != Some(gid_before) {
         assert!(
             up.elapsed() < Duration::from_secs(60),
-            "rxe1's port stays down after tern1 came back up"
+            "rxe1's port ({}) or GID ({:?}, was {gid_before}) stays away after tern1 came back up",
+            port_active("rxe1"),
+            chosen_gid("rxe1")
         );
         std::thread::sleep(Duration::from_millis(100));
+    }
+    // ... and carries RDMA again: a fresh transport on rxe1 alone (its own health, no
+    // paused paths) writes 1 MiB over rail 1 (chunk 0 again, so b's check still holds).
+    {
+        let rail1 = rdma_with(|c| c.devices = vec![DEVICES[1].to_owned()]);
+        let rail1_stats = rail1.clone();
+        let probe = node.engine(rail1).build().unwrap();
+        let peer1 = probe
+            .open_segment(&engine.segment(peer).unwrap().name)
+            .unwrap();
+        let chunk = probe.allocate(MIB, "cpu:0").unwrap();
+        chunk.write_at(0, &pattern.chunk(0)).unwrap();
+        let statuses = run_batch(
+            &probe,
+            &[TransferRequest::write(chunk.addr(), peer1, remote, MIB)],
+            Duration::from_secs(60),
+        );
+        assert_all_completed(&statuses, "a write over rxe1 once tern1 is back");
+        let carried = rail1_stats.nic_stats();
+        assert_eq!(
+            carried.iter().map(|s| s.bytes).sum::<u64>(),
+            MIB as u64,
+            "rxe1 carried it: {carried:?}"
+        );
     }
     // ... and back in it once the port is up again.
     let up = Instant::now();
@@ -831,4 +888,155 @@ fn rkeys_travel_through_etcd_between_two_nodes() {
     drop(engine);
     drop(etcd);
     assert_eq!(verdict, "ok", "node b: {verdict}");
+}
+
+/// a reads 1 MiB from b over rail 1 alone while b's end of link 1 is down: the read's
+/// packets leave a and are lost, and with a long ACK timeout a's QP would retry for
+/// minutes. At its deadline the task ends as `Timeout`: a's endpoint is cut off (its QPs go
+/// to the error state, the flushed request is reaped), so a can unregister the buffer at
+/// once, and it stays untouched for two seconds after b's link is back.
+#[test]
+#[ignore = "needs two Soft-RoCE nodes: cargo xtask softroce --two-nodes"]
+fn a_read_stalled_by_a_lost_link_is_cut_off_at_its_deadline() {
+    let Some(node) = Node::get(
+        "a_read_stalled_by_a_lost_link_is_cut_off_at_its_deadline",
+        Duration::from_secs(300),
+    ) else {
+        return;
+    };
+    let rail1 = |ack_timeout: u8| {
+        rdma_with(move |c| {
+            c.devices = vec![DEVICES[1].to_owned()];
+            c.ack_timeout = ack_timeout;
+        })
+    };
+    if !node.is_initiator() {
+        let engine = node.engine(rail1(14)).build().unwrap();
+        let buffer = engine.allocate(MIB, "cpu:0").unwrap();
+        buffer.write_at(0, &vec![0x5a; MIB]).unwrap();
+        node.publish(
+            "target",
+            &format!("{} {}", engine.segment_name(), buffer.addr()),
+        );
+        node.wait_for("connected");
+        let gid_before = chosen_gid("rxe1").expect("rxe1 has a usable GID");
+        let link = LinkDown::new("tern1");
+        node.note("tern1 down");
+        node.publish("down", "");
+        node.wait_for("returned");
+        drop(link);
+        node.note("tern1 up");
+        node.publish("up", "");
+        // Leave the node as it was for the next test: rxe1 up, with the GID it had.
+        let up = Instant::now();
+        while !port_active("rxe1") || chosen_gid("rxe1") != Some(gid_before) {
+            assert!(
+                up.elapsed() < Duration::from_secs(60),
+                "rxe1 stays away after tern1 came back up"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        node.wait_for("done");
+        return node.verdict(Ok(()));
+    }
+    // 4.096 µs × 2^24 ≈ 69 s per try: the QP alone would give up only minutes after the
+    // wait below.
+    let engine = node.engine(rail1(24)).build().unwrap();
+    let target = node.wait_for("target");
+    let (segment, addr) = target.split_once(' ').unwrap();
+    let remote: u64 = addr.parse().unwrap();
+    let peer = engine.open_segment(segment).unwrap();
+    let local = Local::register(&engine, MIB);
+    engine
+        .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 4096))
+        .unwrap();
+    node.publish("connected", "");
+    node.wait_for("down");
+    let posted_before = tern_verbs::tracked_in_flight();
+    let batch = engine.allocate_batch(1).unwrap();
+    engine
+        .submit(
+            &batch,
+            &[TransferRequest::read(local.addr(), peer, remote, MIB)],
+        )
+        .unwrap();
+    let started = Instant::now();
+    while tern_verbs::tracked_in_flight() == posted_before {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the read was never posted"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    batch.set_deadline(Some(Instant::now() + Duration::from_millis(500)));
+    batch.wait(Duration::from_secs(30));
+    let status = batch.task_status(0).unwrap();
+    node.note(&format!(
+        "returned {:.2} s after submitting: {status:?}",
+        started.elapsed().as_secs_f64()
+    ));
+    let unregistered = engine.unregister_memory(local.addr());
+    node.publish("returned", "");
+    assert_eq!(status.status, TransferStatus::Timeout, "{status:?}");
+    assert!(!status.remote_may_change, "a read changes nothing remote");
+    unregistered.expect("unregistering the cut-off read's buffer succeeds at once");
+    node.wait_for("up");
+    local.assert_untouched("a read stalled by a lost link");
+    engine.free_batch(&batch).unwrap();
+    node.publish("done", "");
+    node.verdict(Ok(()));
+}
+
+/// Memory the test owns, registered raw: it stays readable after it is unregistered, so the
+/// test can see whether anything still writes it. Leaked, so that even a failing test (whose
+/// memory a NIC may still write) never frees it.
+struct Local {
+    bytes: &'static mut [u8],
+}
+
+impl Local {
+    fn register(engine: &TransferEngine, len: usize) -> Self {
+        let bytes: &'static mut [u8] = Box::leak(vec![0u8; len].into_boxed_slice());
+        // SAFETY: `bytes` is leaked: it stays allocated, and is never moved, for as long as
+        // the process lives, registered or not.
+        unsafe {
+            tern_engine::RegisterRaw::register_memory(
+                engine,
+                bytes.as_mut_ptr(),
+                bytes.len(),
+                "cpu:0",
+                true,
+            )
+            .unwrap();
+        }
+        Self { bytes }
+    }
+
+    fn addr(&self) -> usize {
+        self.bytes.as_ptr() as usize
+    }
+
+    fn checksum(&self) -> u64 {
+        // Read afresh each time: only the NIC writes the vector, behind the compiler's back.
+        self.bytes.chunks(4096).fold(0u64, |sum, chunk| {
+            let word = std::hint::black_box(chunk)
+                .iter()
+                .fold(0u64, |h, &b| h.rotate_left(5) ^ u64::from(b));
+            sum.wrapping_mul(31).wrapping_add(word)
+        })
+    }
+
+    /// For two seconds from now the buffer does not change.
+    fn assert_untouched(&self, what: &str) {
+        let before = self.checksum();
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+            assert_eq!(
+                self.checksum(),
+                before,
+                "{what}: the local buffer changed after the call returned"
+            );
+        }
+    }
 }

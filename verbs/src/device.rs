@@ -65,6 +65,9 @@ pub struct PortInfo {
     pub gid_table_len: i32,
     /// Link layer (1 = InfiniBand, 2 = Ethernet).
     pub link_layer: u8,
+    /// The largest message the port carries, in bytes (`ibv_port_attr.max_msg_sz`): the
+    /// longest one work request may move.
+    pub max_msg_sz: u32,
 }
 
 impl PortInfo {
@@ -166,6 +169,7 @@ impl Context {
             lid: attr.lid,
             gid_table_len: attr.gid_tbl_len,
             link_layer: attr.link_layer,
+            max_msg_sz: attr.max_msg_sz,
         })
     }
 

@@ -117,6 +117,24 @@ pub enum VerbsError {
         /// Requests at the head of the chain that were posted.
         posted: usize,
     },
+    /// `ibv_post_send` or `ibv_post_recv` (`verb`) failed without naming the request it
+    /// refused (`bad_wr` unset or outside the chain), so any of the `chain` requests may be
+    /// on the device. They are all treated as posted: a tracked request keeps its memory
+    /// guard until its completion or flush retires it, and the QP was moved to the error
+    /// state (`flushed`; false if that failed too) so that the posted ones flush.
+    #[error(
+        "{verb} failed (errno {errno}) without naming which of {chain} request(s) it refused; all count as posted and the QP was moved to the error state (done: {flushed})"
+    )]
+    PostUncertain {
+        /// The verb.
+        verb: &'static str,
+        /// errno.
+        errno: i32,
+        /// Requests in the chain, all treated as posted.
+        chain: usize,
+        /// Whether the QP is now in the error state.
+        flushed: bool,
+    },
     /// A work request list or SGE list was invalid before reaching the device.
     #[error("invalid work request: {0}")]
     InvalidRequest(&'static str),

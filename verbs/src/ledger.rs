@@ -122,6 +122,11 @@ impl<T> Ledger<T> {
         self.in_flight.is_empty()
     }
 
+    /// Whether any request in flight carries an item for which `test` holds.
+    pub fn any(&self, mut test: impl FnMut(&T) -> bool) -> bool {
+        self.in_flight.iter().any(|entry| test(&entry.item))
+    }
+
     /// The sequence number of a completion's request if it names this ledger and a request
     /// still in flight.
     fn in_window(&self, wr_id: u64) -> Option<u32> {

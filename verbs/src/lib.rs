@@ -76,6 +76,7 @@ mod tests {
             lid: 0,
             gid_table_len: 1,
             link_layer: 2,
+            max_msg_sz: 1 << 31,
         };
         assert_eq!(port(1).mtu_bytes(), 256);
         assert_eq!(port(5).mtu_bytes(), 4096);

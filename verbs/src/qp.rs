@@ -415,11 +415,20 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
         lock(&self.send).ledger.len() + lock(&self.recv).ledger.len()
     }
 
+    /// Whether any tracked send request posted and not yet retired carries a value for
+    /// which `test` holds (to find the QPs whose work must be cut off, say).
+    pub fn any_send_in_flight(&self, mut test: impl FnMut(&U) -> bool) -> bool {
+        lock(&self.send).ledger.any(|(_, user)| test(user))
+    }
+
     /// Posts `work` as one chain (one `ibv_post_send` call), signalling every
     /// [`QpCaps::signal_every`]-th request and the last. What the device took is drained from
     /// the front of `work` and tracked until retired; on a refusal the rest stays in `work`
-    /// and the error says how many were posted. An SGE outside its guard's span is refused
-    /// before anything is posted.
+    /// and the error says how many were posted. When the library fails without naming the
+    /// request it refused, all of `work` is tracked as possibly posted, the QP is moved to
+    /// the error state so that each one's completion or flush retires it, and the error is
+    /// [`VerbsError::PostUncertain`]. An SGE outside its guard's span is refused before
+    /// anything is posted.
     pub fn post_send(&self, work: &mut Vec<SendWork<G, U>>) -> Result<(), VerbsError> {
         if work.is_empty() {
             return Ok(());
@@ -442,16 +451,15 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
             // SAFETY: the chain and its SGE array live until the call returns (the library
             // copies them into the send queue). Every SGE lies inside its guard's span
             // (checked above), and the guards go into the ledger, which keeps them until the
-            // requests' completions have been retrieved (`ibv_post_send(3)`, NOTES). No
-            // request is inline, so the library reads no SGE memory itself.
+            // requests' completions have been retrieved (`ibv_post_send(3)`, NOTES) — every
+            // request the device may hold, including all of them when the library does not
+            // say which one it refused (see `track`). No request is inline, so the library
+            // reads no SGE memory itself.
             unsafe { sys::ibv_post_send(self.qp.as_ptr(), head, bad) }
         });
-        for w in work.drain(..posted.unwrap_or_else(|(n, _)| n)) {
-            ledger.record((w.guard, w.user));
-        }
-        posted
-            .map(|_| ())
-            .map_err(|(posted, errno)| VerbsError::PostSend { errno, posted })
+        let outcome = track(ledger, work, posted, |w| (w.guard, w.user));
+        drop(queue);
+        outcome.map_err(|refused| self.post_error("ibv_post_send", refused, post_send_error))
     }
 
     /// Posts receive requests as [`post_send`](Self::post_send) does send requests; every
@@ -476,12 +484,39 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
             // its guard's span, and the ledger keeps the guards until retirement.
             unsafe { sys::ibv_post_recv(self.qp.as_ptr(), head, bad) }
         });
-        for w in work.drain(..posted.unwrap_or_else(|(n, _)| n)) {
-            ledger.record((w.guard, w.user));
+        let outcome = track(ledger, work, posted, |w| (w.guard, w.user));
+        drop(queue);
+        outcome.map_err(|refused| self.post_error("ibv_post_recv", refused, post_recv_error))
+    }
+
+    /// The error of a refused post. When the library did not say which request it refused,
+    /// any of the chain may be on the device: the QP goes to the error state, so that each
+    /// of those ends with a completion (a flush at the latest) that retires it.
+    /// `known` makes the error of a refusal that names its request.
+    fn post_error(
+        &self,
+        verb: &'static str,
+        refused: Refused,
+        known: fn(i32, usize) -> VerbsError,
+    ) -> VerbsError {
+        match refused {
+            Refused::At { posted, errno } => known(errno, posted),
+            Refused::Unknown { chain, errno } => {
+                let flushed = match self.to_error() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!("{verb} failed without naming a request; {e}");
+                        false
+                    }
+                };
+                VerbsError::PostUncertain {
+                    verb,
+                    errno,
+                    chain,
+                    flushed,
+                }
+            }
         }
-        posted
-            .map(|_| ())
-            .map_err(|(posted, errno)| VerbsError::PostRecv { errno, posted })
     }
 
     /// Retires what `completion` reports: its request and every older one on the same
@@ -523,7 +558,9 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
     }
 
     /// Posts a chain of send work requests without tracking them. On failure the error says
-    /// how many requests at the head of the chain were posted (and will complete).
+    /// how many requests at the head of the chain were posted (and will complete); if the
+    /// library did not say, it is [`VerbsError::PostUncertain`]: any of them may have been
+    /// posted, and the QP was moved to the error state so that those complete (flushed).
     ///
     /// # Safety
     ///
@@ -566,10 +603,8 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
         // device later touches is the caller's to keep valid (this fn's contract).
         let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), head, &mut bad) };
         if rc != 0 {
-            return Err(VerbsError::PostSend {
-                errno: rc,
-                posted: posted_before(head.cast_const(), bad, wrs.len()),
-            });
+            let refused = refused_at(head.cast_const(), bad, wrs.len(), rc);
+            return Err(self.post_error("ibv_post_send", refused, post_send_error));
         }
         Ok(())
     }
@@ -608,13 +643,19 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
         // valid (this fn's contract).
         let rc = unsafe { sys::ibv_post_recv(self.qp.as_ptr(), head, &mut bad) };
         if rc != 0 {
-            return Err(VerbsError::PostRecv {
-                errno: rc,
-                posted: posted_before(head.cast_const(), bad, wrs.len()),
-            });
+            let refused = refused_at(head.cast_const(), bad, wrs.len(), rc);
+            return Err(self.post_error("ibv_post_recv", refused, post_recv_error));
         }
         Ok(())
     }
+}
+
+fn post_send_error(errno: i32, posted: usize) -> VerbsError {
+    VerbsError::PostSend { errno, posted }
+}
+
+fn post_recv_error(errno: i32, posted: usize) -> VerbsError {
+    VerbsError::PostRecv { errno, posted }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -721,13 +762,13 @@ fn link<W: ChainLink>(wrs: &mut [W]) {
 }
 
 /// Gives request `i` of `wrs` the single SGE `sges[i]`, links the chain and posts it with
-/// `post(head, &mut bad)`. `Ok(n)` when all `n` were posted; `Err((posted, errno))` when the
-/// library refused one.
+/// `post(head, &mut bad)`. `Ok(n)` when all `n` were posted; `Err` says what the library
+/// said about the one it refused.
 fn link_and_post<W: ChainLink>(
     wrs: &mut [W],
     sges: &mut [sys::ibv_sge],
     post: impl FnOnce(*mut W, &mut *mut W) -> c_int,
-) -> Result<usize, (usize, i32)> {
+) -> Result<usize, Refused> {
     for (wr, sge) in wrs.iter_mut().zip(sges.iter_mut()) {
         wr.set_sges(sge, 1);
     }
@@ -736,8 +777,55 @@ fn link_and_post<W: ChainLink>(
     let mut bad: *mut W = ptr::null_mut();
     match post(head, &mut bad) {
         0 => Ok(wrs.len()),
-        rc => Err((posted_before(head.cast_const(), bad, wrs.len()), rc)),
+        rc => Err(refused_at(head.cast_const(), bad, wrs.len(), rc)),
     }
+}
+
+/// What a failed post said about its chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refused {
+    /// `bad_wr` named request `posted` of the chain: the ones before it were posted.
+    At {
+        /// Requests at the head of the chain that were posted.
+        posted: usize,
+        /// The post's return value.
+        errno: i32,
+    },
+    /// `bad_wr` was left unset or points outside the chain: any request of the chain may
+    /// have been posted.
+    Unknown {
+        /// Requests in the chain.
+        chain: usize,
+        /// The post's return value.
+        errno: i32,
+    },
+}
+
+/// Moves the requests the device may now hold from the front of `work` into `ledger`, each
+/// split by `entry` into what the ledger keeps. `ibv_post_send(3)` and `ibv_post_recv(3)`
+/// only say that the library "stops processing WRs from this list at the first failure ...
+/// and returns this failing WR through bad_wr"; what was posted when it does not (a
+/// provider that fails without setting `bad_wr`) is undocumented. So then every request of
+/// the chain counts as posted: its guard stays in the ledger until a completion or a flush
+/// retires it, and the caller moves the QP to the error state so that one comes (a request
+/// that was in fact never posted is never retired, and its guard is leaked with the QP,
+/// which is safe). Returns `Ok(())` when everything was posted.
+fn track<T, E>(
+    ledger: &mut Ledger<E>,
+    work: &mut Vec<T>,
+    posted: Result<usize, Refused>,
+    mut entry: impl FnMut(T) -> E,
+) -> Result<(), Refused> {
+    let taken = match posted {
+        Ok(all) => all,
+        Err(Refused::At { posted, .. }) => posted,
+        Err(Refused::Unknown { .. }) => work.len(),
+    }
+    .min(work.len());
+    for w in work.drain(..taken) {
+        ledger.record(entry(w));
+    }
+    posted.map(|_| ())
 }
 
 /// Every request's SGEs in one array, in order (one allocation per post).
@@ -752,14 +840,19 @@ fn flat_sges<'a>(lists: impl Iterator<Item = &'a [Sge]>) -> Result<Vec<sys::ibv_
     Ok(flat)
 }
 
-/// How many requests of a chain of `len` starting at `head` precede `bad`, the one the
-/// library refused (all of them when `bad` is not in the chain).
-fn posted_before<T>(head: *const T, bad: *const T, len: usize) -> usize {
-    let offset = (bad as usize).wrapping_sub(head as usize) / std::mem::size_of::<T>().max(1);
-    if bad.is_null() || offset >= len {
-        0
+/// Which request of a chain of `len` starting at `head` the library refused with `errno`:
+/// the one `bad` points at, if it points at one ([`Refused::Unknown`] when it is null, outside
+/// the chain or between two requests).
+fn refused_at<T>(head: *const T, bad: *const T, len: usize, errno: i32) -> Refused {
+    let size = std::mem::size_of::<T>().max(1);
+    let bytes = (bad as usize).wrapping_sub(head as usize);
+    if bad.is_null() || !bytes.is_multiple_of(size) || bytes / size >= len {
+        Refused::Unknown { chain: len, errno }
     } else {
-        offset
+        Refused::At {
+            posted: bytes / size,
+            errno,
+        }
     }
 }
 
@@ -791,5 +884,132 @@ impl<G, U> Drop for QueuePair<G, U> {
                  memory stays pinned"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::rc::Rc;
+
+    use super::*;
+
+    /// A chain of five send requests, as `post_send` builds it.
+    fn chain() -> (Vec<sys::ibv_send_wr>, Vec<sys::ibv_sge>) {
+        let wrs = (0..5u64).map(|i| send_wr(i, SendOp::Send, false)).collect();
+        // SAFETY: ibv_sge is plain data; zero is valid.
+        let sges = vec![unsafe { std::mem::zeroed::<sys::ibv_sge>() }; 5];
+        (wrs, sges)
+    }
+
+    #[test]
+    fn a_refusal_that_names_its_request_counts_the_ones_before_it() {
+        let (mut wrs, mut sges) = chain();
+        let result = link_and_post(&mut wrs, &mut sges, |head, bad| {
+            // Index 3 of the chain, as a provider refusing the fourth request sets it.
+            *bad = head.wrapping_add(3);
+            12
+        });
+        assert_eq!(
+            result,
+            Err(Refused::At {
+                posted: 3,
+                errno: 12
+            })
+        );
+    }
+
+    #[test]
+    fn a_refusal_without_bad_wr_leaves_every_request_possibly_posted() {
+        for offset in [None, Some(5), Some(100)] {
+            let (mut wrs, mut sges) = chain();
+            let result = link_and_post(&mut wrs, &mut sges, |head, bad| {
+                if let Some(offset) = offset {
+                    *bad = head.wrapping_add(offset);
+                }
+                22
+            });
+            assert_eq!(
+                result,
+                Err(Refused::Unknown {
+                    chain: 5,
+                    errno: 22
+                }),
+                "bad_wr at {offset:?}"
+            );
+        }
+        // Between two requests: not a request of the chain either.
+        let head = 0x1000 as *const sys::ibv_send_wr;
+        let between = (0x1000 + std::mem::size_of::<sys::ibv_send_wr>() / 2) as *const _;
+        assert!(matches!(
+            refused_at(head, between, 5, 1),
+            Refused::Unknown { .. }
+        ));
+    }
+
+    /// What the ledger keeps is what keeps a request's memory alive: counted here through
+    /// `Rc`s standing in for guards.
+    /// A request's ledger entry in these tests: its stand-in guard and its index.
+    type Entry = (Rc<()>, usize);
+
+    fn guards(n: usize) -> (Vec<Rc<()>>, Vec<Entry>) {
+        let guards: Vec<Rc<()>> = (0..n).map(|_| Rc::new(())).collect();
+        let work = guards.iter().cloned().zip(0..).collect();
+        (guards, work)
+    }
+
+    fn alive(guards: &[Rc<()>]) -> usize {
+        guards.iter().filter(|g| Rc::strong_count(g) > 1).count()
+    }
+
+    #[test]
+    fn every_guard_stays_until_retired_when_the_library_does_not_say_what_it_took() {
+        let (guards, mut work) = guards(5);
+        let mut ledger: Ledger<Entry> = Ledger::new();
+        let first = ledger.upcoming_wr_id(0);
+        let unknown = Err(Refused::Unknown {
+            chain: 5,
+            errno: 22,
+        });
+        assert_eq!(
+            track(&mut ledger, &mut work, unknown, |w| w),
+            unknown.map(|_| ())
+        );
+        assert!(work.is_empty(), "nothing is handed back to post again");
+        assert_eq!(ledger.len(), 5);
+        assert_eq!(alive(&guards), 5, "every guard is kept");
+        // The flush of the third request (the QP went to the error state) retires it and
+        // the two before it; the rest stay until theirs.
+        let mut retired = Vec::new();
+        let third = first + 2;
+        ledger.retire(third, Some("flushed"), |(guard, user), outcome| {
+            drop(guard);
+            retired.push((user, outcome));
+        });
+        assert_eq!(retired.len(), 3);
+        assert_eq!(alive(&guards), 2);
+    }
+
+    #[test]
+    fn a_named_refusal_keeps_the_guards_of_the_posted_ones_only() {
+        let (guards, mut work) = guards(5);
+        let mut ledger: Ledger<Entry> = Ledger::new();
+        let at = Err(Refused::At {
+            posted: 2,
+            errno: 12,
+        });
+        assert!(track(&mut ledger, &mut work, at, |w| w).is_err());
+        assert_eq!(ledger.len(), 2);
+        let left: Vec<usize> = work.iter().map(|(_, i)| *i).collect();
+        assert_eq!(
+            left,
+            [2, 3, 4],
+            "the refused one and those after it come back"
+        );
+        drop(work);
+        assert_eq!(alive(&guards), 2);
+        let (_guards, mut work) = self::guards(3);
+        assert_eq!(track(&mut ledger, &mut work, Ok(3), |w| w), Ok(()));
+        assert!(work.is_empty());
+        assert_eq!(ledger.len(), 5);
     }
 }
