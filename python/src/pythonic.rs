@@ -534,8 +534,9 @@ impl PyBatch {
     }
 
     /// Cancels every unfinished task; returns how many.
-    fn cancel(&self) -> usize {
-        self.batch.cancel()
+    fn cancel(&self, py: Python<'_>) -> usize {
+        // Waits (bounded) for slices on the wire to be cut off: without the GIL.
+        py.detach(|| self.batch.cancel())
     }
 
     /// Rings `waker` once when no task is unfinished (at once if none is).
