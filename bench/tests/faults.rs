@@ -161,7 +161,7 @@ fn a_target_stopped_mid_batch_times_out_and_is_served_again_once_it_continues() 
     engine
         .submit(&batch, &reads(&local, peer, remote, 64, 1024))
         .unwrap();
-    send_signal(target.child.id(), "STOP");
+    tern_testkit::process::stop(target.child.id());
     let started = Instant::now();
     batch.wait(Duration::from_secs(60));
     let waited = started.elapsed();

@@ -469,6 +469,18 @@ impl BatchInner {
         self.end(task, FAILED);
     }
 
+    /// A slice of `task` let go without moving its bytes, as only the slice of an ended task
+    /// may: if the task still runs (a transport's mistake), it fails here, before the slice
+    /// counts, so that its last slice cannot complete it with bytes missing.
+    pub(crate) fn fail_if_live(&self, task: usize, how: &str) {
+        if self.task_live(task) {
+            self.fail_task(
+                task,
+                TransferError::Dropped(format!("a slice was {how} while its task was running")),
+            );
+        }
+    }
+
     /// Fails `task`, which never started: it has no slice.
     pub(crate) fn fail_unstarted(&self, task: usize, error: TransferError) {
         self.fail_task(task, error);

@@ -447,6 +447,7 @@ impl Slice {
                 len
             }
             Outcome::Skipped => {
+                batch.fail_if_live(task, "skipped");
                 batch.slice_uncredited(task, 0);
                 0
             }
@@ -454,6 +455,7 @@ impl Slice {
                 if remote_may_change && self.opcode == Opcode::Write {
                     batch.remote_may_change(task);
                 }
+                batch.fail_if_live(task, "cut off");
                 batch.slice_uncredited(task, 0);
                 0
             }

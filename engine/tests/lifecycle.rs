@@ -378,3 +378,38 @@ fn stats_count_completed_failed_and_skipped_slices() {
     assert_eq!(hold.retries, 0, "this transport reports none");
     assert!(hold.peers.is_empty());
 }
+
+/// A slice given up (abandoned, cut off) while its task still runs fails the task: whatever
+/// a transport does, a task whose bytes did not all move never shows Completed.
+#[test]
+fn a_slice_given_up_while_its_task_runs_fails_the_task() {
+    let (engine, transport) = engine();
+    let local = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let remote = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(2).unwrap();
+    let request =
+        |len| TransferRequest::write(local.addr(), SegmentId::LOCAL, remote.addr() as u64, len);
+    engine
+        .submit(&batch, &[request(4096), request(4096)])
+        .unwrap();
+    let mut slices = transport.take();
+    assert_eq!(slices.len(), 2);
+    let (cut, skipped) = (slices.pop().unwrap(), slices.pop().unwrap());
+    assert!(skipped.is_live() && cut.is_live());
+    skipped.abandon();
+    cut.cut_off(true);
+    let status = batch.wait(Duration::from_secs(10));
+    assert_eq!((status.completed, status.failed), (0, 2), "{status:?}");
+    for task in 0..2 {
+        let status = batch.task_status(task).unwrap();
+        assert!(
+            matches!(
+                status.status,
+                TransferStatus::Failed(TransferError::Dropped(_))
+            ),
+            "{status:?}"
+        );
+        assert_eq!(status.transferred_bytes, 0);
+    }
+    assert!(batch.task_status(1).unwrap().remote_may_change);
+}

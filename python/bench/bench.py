@@ -28,6 +28,12 @@ def cpu_seconds() -> float:
     return times.user + times.system
 
 
+def stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (proc(5): the state follows the name)."""
+    stats = [open(f"/proc/{pid}/task/{tid}/stat").read() for tid in os.listdir(f"/proc/{pid}/task")]
+    return all(stat.rsplit(") ", 1)[1][:1] in "Tt" for stat in stats)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=["latency", "throughput", "idle"], required=True)
@@ -95,6 +101,8 @@ def main() -> None:
             time.sleep(idle)
             result.update(idle_seconds=time.monotonic() - wall, idle_cpu_pct=(cpu_seconds() - cpu) / (time.monotonic() - wall) * 100)
             target.send_signal(signal.SIGSTOP)
+            while not stopped(target.pid):  # delivered after kill returns, not by then
+                time.sleep(0.0002)
             offsets = [j * 65536 for j in range(128)]
             cpu, wall = cpu_seconds(), time.monotonic()
             code = engine.batch_transfer_sync_write(segment, [base + o for o in offsets], [remote + o for o in offsets], [65536] * 128)

@@ -71,6 +71,29 @@ def stop_process(proc: subprocess.Popen, stop) -> None:
             proc.wait()
 
 
+def pause_process(proc: subprocess.Popen) -> None:
+    """Stops ``proc`` with SIGSTOP and returns once every thread of it is stopped: a signal
+    is delivered after ``kill`` returns, and on a loaded machine a peer can serve a whole
+    transfer in between."""
+    proc.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 60
+    while not all_threads_stopped(proc.pid):
+        assert time.monotonic() < deadline, f"process {proc.pid} did not stop in 60 s"
+        time.sleep(0.0002)
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (``T``, or ``t`` under a tracer), per
+    proc(5): the state follows the parenthesised command name in ``/proc/PID/task/TID/stat``."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            states.append((task / "stat").read_text().rsplit(") ", 1)[1][:1])
+        except (OSError, IndexError):
+            pass
+    return bool(states) and all(state in "Tt" for state in states)
+
+
 class Peer:
     """A ``peer.py`` process; its stdin closing ends it."""
 
@@ -152,6 +175,13 @@ class BenchTarget:
             self.proc.kill()
             raise RuntimeError(f"tern-bench target did not start: {line!r} {self.proc.stderr.read()}")
         self.segment = line.split(": ", 1)[1].strip()
+
+    def pause(self) -> None:
+        """Stops the target (SIGSTOP); returns once it serves nothing more."""
+        pause_process(self.proc)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         def resume_and_terminate(proc: subprocess.Popen) -> None:

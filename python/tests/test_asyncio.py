@@ -4,7 +4,6 @@ watches (no polling thread), deadlines and cancellation included."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import threading
 import time
 
@@ -59,7 +58,7 @@ def test_async_deadline_and_cancel(bench_target):
             segment = engine.segment(target.segment)
             remote = max(segment.buffers, key=lambda b: b[1])[0]
             await engine.read_async(buffer, segment, remote, 4096)
-            target.proc.send_signal(signal.SIGSTOP)
+            target.pause()
             try:
                 # Canceling the awaiting task cancels the batch.
                 task = asyncio.ensure_future(engine.write_async(buffer, segment, remote, 1 << 20))
@@ -73,6 +72,6 @@ def test_async_deadline_and_cancel(bench_target):
                     await engine.write_async(buffer, segment, remote, 1 << 20)
                 assert 1.5 < time.monotonic() - started < 10
             finally:
-                target.proc.send_signal(signal.SIGCONT)
+                target.resume()
 
     asyncio.run(main())

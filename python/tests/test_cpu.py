@@ -6,7 +6,6 @@ machine; the benchmark reports the figure."""
 from __future__ import annotations
 
 import os
-import signal
 import time
 
 import numpy as np
@@ -36,13 +35,13 @@ def test_a_blocked_waiter_and_an_idle_engine_sleep(bench_target, monkeypatch):
     idle = (cpu_seconds() - idle_cpu) / (time.monotonic() - idle_wall)
     assert idle < 0.05, f"an idle engine used {idle:.1%} of a core"
 
-    target.proc.send_signal(signal.SIGSTOP)
+    target.pause()
     try:
         cpu, wall = cpu_seconds(), time.monotonic()
         assert engine.batch_transfer_sync_write(target.segment, srcs, dsts, [65536] * 128) == -1
         elapsed = time.monotonic() - wall
         used = (cpu_seconds() - cpu) / elapsed
     finally:
-        target.proc.send_signal(signal.SIGCONT)
+        target.resume()
     assert 10 <= elapsed < 20, f"returned after {elapsed:.1f} s with an 11 s deadline"
     assert used < 0.05, f"a blocked waiter used {used:.1%} of a core over {elapsed:.1f} s"

@@ -1,7 +1,8 @@
 //! What Tern's tests and `cargo xtask` share: one way to start a real etcd server (Debian's
 //! `etcd`, on a given address with free ports and its own data directory), to check it is
-//! healthy, and to poke at it with `etcdctl`; and a way to read what the test process
-//! logged.
+//! healthy, and to poke at it with `etcdctl`; a way to read what the test process logged;
+//! stopping a peer process so that it is stopped when the call returns; and memory to watch
+//! for writes after a transfer call gave it back.
 //!
 //! It must not be a dependency of any library crate: it is for tests (as a dev-dependency)
 //! and for xtask, and it depends only on pure-Rust crates, so xtask builds before any system
@@ -10,4 +11,6 @@
 
 pub mod etcd;
 pub mod logs;
+pub mod memory;
+pub mod process;
 pub mod wire;

@@ -727,7 +727,7 @@ fn a_stopped_target_is_still_served_by_its_nic_and_new_handshakes_time_out() {
     // Opened before the stop, but no endpoint yet: its first transfer needs a handshake.
     let second = builder(rdma_with(|_| {})).build().unwrap();
     let peer2 = second.open_segment(segment).unwrap();
-    target.signal("STOP");
+    target.stop();
     read_the_helper_then_write_to_it(&first, peer, &local, remote);
 
     let local2 = second.allocate(1 << 20, "cpu:0").unwrap();
@@ -750,7 +750,7 @@ fn a_stopped_target_is_still_served_by_its_nic_and_new_handshakes_time_out() {
         "{:?}",
         started.elapsed()
     );
-    target.signal("CONT");
+    target.resume();
     second
         .transfer_sync(TransferRequest::read(local2.addr(), peer2, remote, 1 << 20))
         .unwrap();
@@ -935,61 +935,9 @@ fn a_slice_size_beyond_one_work_request_is_refused_at_discover() {
     discover(max_msg as usize / 2).expect("a slice size well inside max_msg_sz");
 }
 
-/// Memory the test owns, registered raw: it stays readable after it is unregistered, so the
-/// test can see whether anything still writes it. Leaked, so that even a failing test (whose
-/// memory a NIC may still write) never frees it.
-struct Local {
-    bytes: &'static mut [u8],
-}
-
-impl Local {
-    fn register(engine: &TransferEngine, len: usize) -> Self {
-        let bytes: &'static mut [u8] = Box::leak(vec![0u8; len].into_boxed_slice());
-        // SAFETY: `bytes` is leaked: it stays allocated, and is never moved, for as long as
-        // the process lives, registered or not.
-        unsafe {
-            tern_engine::RegisterRaw::register_memory(
-                engine,
-                bytes.as_mut_ptr(),
-                bytes.len(),
-                "cpu:0",
-                true,
-            )
-            .unwrap();
-        }
-        Self { bytes }
-    }
-
-    fn addr(&self) -> usize {
-        self.bytes.as_ptr() as usize
-    }
-
-    fn checksum(&self) -> u64 {
-        // Read afresh each time: only the NIC writes the vector, behind the compiler's back.
-        let mut sum = 0u64;
-        for chunk in self.bytes.chunks(4096) {
-            let word = std::hint::black_box(chunk)
-                .iter()
-                .fold(0u64, |h, &b| h.rotate_left(5) ^ u64::from(b));
-            sum = sum.wrapping_mul(31).wrapping_add(word);
-        }
-        sum
-    }
-
-    /// For two seconds from now the buffer does not change.
-    fn assert_untouched(&self, what: &str) {
-        let before = self.checksum();
-        let until = std::time::Instant::now() + Duration::from_secs(2);
-        while std::time::Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(50));
-            assert_eq!(
-                self.checksum(),
-                before,
-                "{what}: the local buffer changed after the call returned"
-            );
-        }
-    }
-}
+#[path = "../../testkit/include/local.rs"]
+mod local;
+use local::Local;
 
 /// A 1 MiB read that waits for a handshake the target process cannot answer (stopped with
 /// SIGSTOP before the initiator's first transfer) ends as `Timeout` at its deadline; at
@@ -1009,7 +957,7 @@ fn a_read_waiting_on_a_handshake_to_a_stopped_peer_gives_its_memory_back_at_the_
     let engine = builder(rdma_with(|_| {})).build().unwrap();
     let peer = engine.open_segment(segment).unwrap();
     let local = Local::register(&engine, 1 << 20);
-    target.signal("STOP");
+    target.stop();
     let batch = engine.allocate_batch(1).unwrap();
     engine
         .submit(
@@ -1025,8 +973,8 @@ fn a_read_waiting_on_a_handshake_to_a_stopped_peer_gives_its_memory_back_at_the_
     engine
         .unregister_memory(local.addr())
         .expect("unregistering the timed-out read's buffer succeeds at once");
-    target.signal("CONT");
-    local.assert_untouched("a read waiting on a handshake");
+    target.resume();
+    local.assert_untouched("a read waiting on a handshake", || ());
     engine.free_batch(&batch).unwrap();
     let owned = engine.allocate(8 << 20, "cpu:0").unwrap();
     read_the_helper_then_write_to_it(&engine, peer, &owned, remote);
@@ -1092,7 +1040,7 @@ fn a_read_on_the_wire_to_a_vanished_peer_is_flushed_at_the_timeout() {
         posted_before,
         "a request is still on the device"
     );
-    local.assert_untouched("a read flushed at its deadline");
+    local.assert_untouched("a read flushed at its deadline", || ());
     engine.free_batch(&batch).unwrap();
 }
 
@@ -1155,7 +1103,7 @@ fn timed_out_reads_come_back_soon_after_their_deadline() {
     .unwrap();
     let peer = engine.open_segment(segment).unwrap();
     let local = Local::register(&engine, 1 << 20);
-    target.signal("STOP");
+    target.stop();
     let mut took = Vec::with_capacity(STALLS);
     for _ in 0..STALLS {
         let batch = engine.allocate_batch(1).unwrap();
@@ -1176,7 +1124,7 @@ fn timed_out_reads_come_back_soon_after_their_deadline() {
         engine.free_batch(&batch).unwrap();
     }
     engine.unregister_memory(local.addr()).unwrap();
-    target.signal("CONT");
+    target.resume();
     took.sort();
     println!(
         "rdma: timed-out read back after its deadline over {STALLS} stalls: p50 {:?}, p99 {:?}, \

@@ -981,62 +981,12 @@ fn a_read_stalled_by_a_lost_link_is_cut_off_at_its_deadline() {
     assert!(!status.remote_may_change, "a read changes nothing remote");
     unregistered.expect("unregistering the cut-off read's buffer succeeds at once");
     node.wait_for("up");
-    local.assert_untouched("a read stalled by a lost link");
+    local.assert_untouched("a read stalled by a lost link", || ());
     engine.free_batch(&batch).unwrap();
     node.publish("done", "");
     node.verdict(Ok(()));
 }
 
-/// Memory the test owns, registered raw: it stays readable after it is unregistered, so the
-/// test can see whether anything still writes it. Leaked, so that even a failing test (whose
-/// memory a NIC may still write) never frees it.
-struct Local {
-    bytes: &'static mut [u8],
-}
-
-impl Local {
-    fn register(engine: &TransferEngine, len: usize) -> Self {
-        let bytes: &'static mut [u8] = Box::leak(vec![0u8; len].into_boxed_slice());
-        // SAFETY: `bytes` is leaked: it stays allocated, and is never moved, for as long as
-        // the process lives, registered or not.
-        unsafe {
-            tern_engine::RegisterRaw::register_memory(
-                engine,
-                bytes.as_mut_ptr(),
-                bytes.len(),
-                "cpu:0",
-                true,
-            )
-            .unwrap();
-        }
-        Self { bytes }
-    }
-
-    fn addr(&self) -> usize {
-        self.bytes.as_ptr() as usize
-    }
-
-    fn checksum(&self) -> u64 {
-        // Read afresh each time: only the NIC writes the vector, behind the compiler's back.
-        self.bytes.chunks(4096).fold(0u64, |sum, chunk| {
-            let word = std::hint::black_box(chunk)
-                .iter()
-                .fold(0u64, |h, &b| h.rotate_left(5) ^ u64::from(b));
-            sum.wrapping_mul(31).wrapping_add(word)
-        })
-    }
-
-    /// For two seconds from now the buffer does not change.
-    fn assert_untouched(&self, what: &str) {
-        let before = self.checksum();
-        let until = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(50));
-            assert_eq!(
-                self.checksum(),
-                before,
-                "{what}: the local buffer changed after the call returned"
-            );
-        }
-    }
-}
+#[path = "../../testkit/include/local.rs"]
+mod local;
+use local::Local;

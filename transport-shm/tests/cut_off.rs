@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use tern_engine::{Batch, RegisterRaw, TransferEngine, TransferRequest, TransferStatus};
+use tern_engine::{Batch, TransferEngine, TransferRequest, TransferStatus};
 use tern_transport_shm::{ShmConfig, ShmTransport};
 use tern_transport_tcp::TcpTransport;
 
@@ -27,51 +27,9 @@ fn engine(name: &str) -> TransferEngine {
         .unwrap()
 }
 
-/// Memory the test owns, registered raw: readable after it is unregistered, so the test can
-/// see whether anything still writes it.
-struct Local {
-    bytes: Vec<u8>,
-}
-
-impl Local {
-    fn register(engine: &TransferEngine, len: usize) -> Self {
-        let mut bytes = vec![0u8; len];
-        // SAFETY: `bytes` outlives the registration: every test unregisters it (and asserts
-        // that succeeds) before the vector drops, and the vector is not moved meanwhile.
-        unsafe {
-            engine
-                .register_memory(bytes.as_mut_ptr(), bytes.len(), "cpu:0", true)
-                .unwrap();
-        }
-        Self { bytes }
-    }
-
-    fn addr(&self) -> usize {
-        self.bytes.as_ptr() as usize
-    }
-
-    fn checksum(&self) -> u64 {
-        self.bytes.chunks(4096).fold(0u64, |sum, chunk| {
-            let word = std::hint::black_box(chunk)
-                .iter()
-                .fold(0u64, |h, &b| h.rotate_left(5) ^ u64::from(b));
-            sum.wrapping_mul(31).wrapping_add(word)
-        })
-    }
-}
-
-fn assert_untouched(local: &Local, what: &str) {
-    let before = local.checksum();
-    let until = Instant::now() + Duration::from_secs(2);
-    while Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(
-            local.checksum(),
-            before,
-            "{what}: the local buffer changed after the call returned"
-        );
-    }
-}
+#[path = "../../testkit/include/local.rs"]
+mod local;
+use local::Local;
 
 struct Pair {
     initiator: TransferEngine,
@@ -123,7 +81,7 @@ fn a_read_that_times_out_mid_copy_leaves_the_buffer_alone_and_unpinned() {
     pair.initiator
         .unregister_memory(local.addr())
         .expect("unregistering the timed-out read's buffer succeeds at once");
-    assert_untouched(&local, "timeout");
+    local.assert_untouched("timeout", || ());
 }
 
 #[test]
@@ -137,7 +95,7 @@ fn a_read_canceled_mid_copy_leaves_the_buffer_alone_and_unpinned() {
     pair.initiator
         .unregister_memory(local.addr())
         .expect("unregistering the canceled read's buffer succeeds at once");
-    assert_untouched(&local, "cancel");
+    local.assert_untouched("cancel", || ());
     pair.initiator.free_batch(&batch).unwrap();
 }
 

@@ -764,31 +764,6 @@ fn serves_as_the_owner_of_the_late_lease_test_when_run_as_its_child() {
     }
 }
 
-/// Waits until every thread of process `pid` is stopped (a signal is delivered after `kill`
-/// returns, not by then).
-fn wait_until_stopped(pid: u32) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let states: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap()
-            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("stat")).ok())
-            .collect();
-        // The state follows the command name, which is in parentheses.
-        let stopped = states.iter().all(|stat| {
-            stat.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
-        });
-        if !states.is_empty() && stopped {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "process {pid} did not stop"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// A child process, killed and reaped when the test lets go of it.
 struct KillOnDrop(std::process::Child);
 
@@ -797,15 +772,6 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// Sends `signal` (`STOP`, `CONT`) to process `pid`.
-fn signal(pid: u32, signal: &str) {
-    let sent = std::process::Command::new("kill")
-        .args([format!("-{signal}"), pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success(), "kill -{signal} {pid}");
 }
 
 #[test]
@@ -875,10 +841,9 @@ fn a_lease_the_owner_grants_after_the_initiator_stopped_waiting_is_released() {
     assert_eq!(shm_stats(&initiator).bytes, 4096);
 
     // The owner is stopped: the lease goes unanswered, the task fails.
-    signal(child.0.id(), "STOP");
-    wait_until_stopped(child.0.id());
+    tern_testkit::process::stop(child.0.id());
     let failed = status(&initiator, write);
-    signal(child.0.id(), "CONT");
+    tern_testkit::process::resume(child.0.id());
     assert!(
         matches!(&failed, TransferStatus::Failed(TransferError::Connection { message, .. }) if message.contains("no answer")),
         "{failed}"

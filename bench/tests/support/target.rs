@@ -107,14 +107,7 @@ pub fn target_byte(offset: usize) -> u8 {
     (x >> 56) as u8 ^ (offset as u8)
 }
 
-/// Sends `signal` to `pid` with `kill(1)` (the tests, like the binaries, have no `unsafe`).
-pub fn send_signal(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .args(["-s", signal, &pid.to_string()])
-        .status()
-        .expect("kill(1)");
-    assert!(status.success(), "kill -s {signal} {pid}: {status}");
-}
+pub use tern_testkit::process::signal as send_signal;
 
 /// Reads a pipe to its end on a thread.
 pub fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {

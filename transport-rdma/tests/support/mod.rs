@@ -85,13 +85,14 @@ impl Helper {
         self.child.wait().unwrap()
     }
 
-    /// Sends it `signal` (`STOP`, `CONT`, …) with kill(1).
-    pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args(["-s", signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill -s {signal}: {status}");
+    /// Stops it (SIGSTOP); returns once every thread of it is stopped.
+    pub fn stop(&self) {
+        tern_testkit::process::stop(self.child.id());
+    }
+
+    /// Continues it (SIGCONT).
+    pub fn resume(&self) {
+        tern_testkit::process::resume(self.child.id());
     }
 
     /// Kills it at once (SIGKILL).
