@@ -4,8 +4,13 @@
 //! not a data race; and it is leaked, so that even a failing test never frees memory that a
 //! device may still write.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// Every [`Watched`] memory made: leaked on purpose, and kept reachable here, so that a leak
+/// checker (valgrind's memcheck, which `cargo xtask memcheck` runs) does not count it lost.
+static KEPT: Mutex<Vec<&'static [AtomicU64]>> = Mutex::new(Vec::new());
 
 /// Zeroed memory, 8-byte aligned, that lives as long as the process.
 #[derive(Debug, Clone, Copy)]
@@ -17,9 +22,9 @@ impl Watched {
     /// `len` bytes (rounded up to 8), zeroed.
     pub fn zeroed(len: usize) -> Self {
         let words: Vec<AtomicU64> = (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
-        Self {
-            words: Box::leak(words.into_boxed_slice()),
-        }
+        let words: &'static [AtomicU64] = Box::leak(words.into_boxed_slice());
+        KEPT.lock().unwrap_or_else(|p| p.into_inner()).push(words);
+        Self { words }
     }
 
     /// The start, for registering with an engine. Writing through it is allowed: atomics
