@@ -16,6 +16,14 @@ pub enum EngineError {
     /// which.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// Device memory cannot be used: no CUDA driver on this host, or a driver call failed.
+    #[error("device memory at {addr:#x}: {source}")]
+    Device {
+        /// Start of the memory.
+        addr: usize,
+        /// What the driver said, or that there is none.
+        source: tern_cuda::CudaError,
+    },
     /// More requests were submitted than the batch was allocated for; allocate a larger batch
     /// or submit into another.
     #[error(
@@ -98,6 +106,7 @@ impl EngineError {
     pub fn mooncake_code(&self) -> i32 {
         match self {
             Self::InvalidArgument(_) | Self::BatchFreed | Self::UnknownSegment(_) => -1,
+            Self::Device { .. } => -1,
             Self::RegionInUse { .. } => -1,
             Self::TooManyRequests { .. } => -2,
             Self::AddressNotRegistered { .. } => -3,
@@ -133,6 +142,10 @@ impl From<MemoryError> for EngineError {
             },
             MemoryError::InUse { addr, pins } => Self::RegionInUse { addr, pins },
             MemoryError::NotRegistered { addr, .. } => Self::AddressNotRegistered { addr },
+            MemoryError::Device { addr, reason } => Self::Device {
+                addr,
+                source: reason,
+            },
             other => Self::InvalidArgument(other.to_string()),
         }
     }

@@ -49,12 +49,14 @@ pub use engine::TransferEngine;
 pub use error::{EngineError, TransferError};
 pub use memory::OwnedBuffer;
 pub use stats::{
-    EngineStats, LATENCY_BUCKETS_US, LatencyStats, LocalCounter, MovedCounter, NicStats,
-    PROMETHEUS_CONTENT_TYPE, PeerState, PeerStats, ReportTogether, SIZE_CLASSES, ServedStats,
-    SharedMovedCounter, TransportReport, TransportStats,
+    DeclinedStats, EngineStats, LATENCY_BUCKETS_US, LatencyStats, LocalCounter, MovedCounter,
+    NicStats, PROMETHEUS_CONTENT_TYPE, PeerState, PeerStats, ReportTogether, SIZE_CLASSES,
+    ServedStats, SharedMovedCounter, TransportReport, TransportStats,
 };
+/// The CUDA driver, loaded on first use (device memory needs one).
+pub use tern_cuda::{CudaError, driver as cuda_driver};
 pub use tern_memreg::{
-    AlignedBuffer, Pinned, PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw,
+    AlignedBuffer, MemoryKind, Pinned, PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw,
 };
 pub use tern_metadata::net::PortChoice;
 pub use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc, StoreOptions};

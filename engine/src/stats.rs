@@ -644,6 +644,21 @@ pub struct TransportReport {
     pub nics: Vec<NicStats>,
     /// What peers moved from or to this node's memory through it.
     pub served: ServedStats,
+    /// Slices it handed to the next transport, by why.
+    pub declined: Vec<DeclinedStats>,
+}
+
+/// Slices a transport declined for one reason (memory it does not carry, a peer it cannot
+/// reach), which then went to the next transport: the record that keeps a slower path from
+/// being silent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeclinedStats {
+    /// Why, in a few words (`device memory`, …).
+    pub reason: String,
+    /// Slices declined.
+    pub slices: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// Requests peers made of this node's memory through one transport, and their bytes. Only
@@ -683,6 +698,8 @@ pub struct TransportStats {
     pub nics: Vec<NicStats>,
     /// What peers moved from or to this node through it.
     pub served: ServedStats,
+    /// Slices it handed to the next transport, by why.
+    pub declined: Vec<DeclinedStats>,
 }
 
 impl TransportStats {
@@ -697,6 +714,7 @@ impl TransportStats {
             peers: report.peers,
             nics: report.nics,
             served: report.served,
+            declined: report.declined,
         }
     }
 }
@@ -902,6 +920,33 @@ impl Collector for Snapshot {
             })
         };
         families(&mut encoder, &PER_PEER, peers)?;
+        let declined = || {
+            stats.transports.iter().flat_map(|t| {
+                t.declined.iter().map(move |d| {
+                    let labels = vec![
+                        ("transport", t.protocol.clone()),
+                        ("reason", d.reason.clone()),
+                    ];
+                    (labels, d)
+                })
+            })
+        };
+        family(
+            &mut encoder,
+            "tern_transport_declined_slices",
+            "Slices a transport handed to the next one, by reason.",
+            COUNTER,
+            declined().map(|(labels, d)| (labels, d.slices)),
+            counter,
+        )?;
+        family(
+            &mut encoder,
+            "tern_transport_declined_bytes",
+            "Bytes of the slices a transport handed to the next one, by reason.",
+            COUNTER,
+            declined().map(|(labels, d)| (labels, d.bytes)),
+            counter,
+        )?;
         let states = [
             PeerState::Connected,
             PeerState::Connecting,

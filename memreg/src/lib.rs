@@ -21,6 +21,7 @@
 
 mod buffer;
 mod counting;
+mod device;
 mod map;
 #[cfg(feature = "verbs")]
 pub mod nic;
@@ -30,9 +31,10 @@ pub mod shm;
 
 pub use buffer::{AlignedBuffer, HUGE_PAGE_SIZE, PAGE_SIZE, PretouchPolicy};
 pub use counting::CountingAllocator;
+pub use device::{STAGE_CHUNK, Stage};
 pub use map::{MapError, RegionMap};
 pub use numa::{numa_node_of, resolve_location};
 pub use region::{
-    HoldsPin, MemoryError, MemoryRegistry, Pinned, Ready, Region, RegionInfo, RegionIo, RegionPin,
-    RegionSlice, RegisterRaw, Staged, recv_now, wait_ready,
+    HoldsPin, MemoryError, MemoryKind, MemoryRegistry, Pinned, Ready, Region, RegionInfo, RegionIo,
+    RegionPin, RegionSlice, RegisterRaw, Staged, recv_now, wait_ready,
 };

@@ -18,7 +18,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::buffer::AlignedBuffer;
+use crate::device::DeviceRange;
 use crate::map::{MapError, RegionMap};
+pub use tern_cuda::MemoryKind;
 
 /// What went wrong with registered memory. Each variant names the addresses involved.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,6 +87,35 @@ pub enum MemoryError {
         /// Length of the region.
         region_len: usize,
     },
+    /// The CPU was asked to touch device memory, which only the driver's copies may reach (a
+    /// transport that cannot stage device memory declines it).
+    #[error("[{addr:#x}, +{len}) is device memory, which the CPU does not touch")]
+    DeviceMemory {
+        /// Start of the access.
+        addr: usize,
+        /// Length of the access.
+        len: usize,
+    },
+    /// Device memory could not be used: no CUDA driver, or a driver call failed.
+    #[error("device memory at {addr:#x}: {reason}")]
+    Device {
+        /// Start of the memory.
+        addr: usize,
+        /// What the driver said (or that there is none).
+        reason: tern_cuda::CudaError,
+    },
+    /// The location a region was registered with is not where its memory is.
+    #[error(
+        "memory at {addr:#x} was registered as {location} but is {found}; register it with its own location or `*`"
+    )]
+    LocationMismatch {
+        /// Start of the memory.
+        addr: usize,
+        /// The location given.
+        location: String,
+        /// What the memory is.
+        found: String,
+    },
 }
 
 impl From<MapError> for MemoryError {
@@ -120,6 +151,8 @@ pub struct RegionInfo {
     pub location: String,
     /// Whether peers may read and write it.
     pub remote_accessible: bool,
+    /// Host or device memory: every transport asks this, none guesses.
+    pub kind: MemoryKind,
 }
 
 /// Something that must live exactly as long as a region is registered (a device's
@@ -129,13 +162,15 @@ type Attachment = Box<dyn Any + Send + Sync>;
 /// A range of memory Tern may move bytes to and from.
 #[derive(Debug)]
 pub struct Region {
-    info: RegionInfo,
+    pub(crate) info: RegionInfo,
     /// The start, as the pointer it was registered with: every access derives from it.
     base: NonNull<u8>,
     /// Dropped when the region is unregistered, or with the region; declared before `owner`
     /// so that they go before the memory they describe.
     attachments: Mutex<Vec<Attachment>>,
-    owner: Option<AlignedBuffer>,
+    pub(crate) owner: Option<AlignedBuffer>,
+    /// The device whose memory this is, for device regions.
+    pub(crate) device: Option<&'static tern_cuda::Device>,
     pins: AtomicUsize,
 }
 
@@ -168,10 +203,12 @@ impl Region {
                 len,
                 location: location.into(),
                 remote_accessible,
+                kind: MemoryKind::Host,
             },
             base: NonNull::new(addr).unwrap_or(NonNull::dangling()),
             attachments: Mutex::new(Vec::new()),
             owner: None,
+            device: None,
             pins: AtomicUsize::new(0),
         }
     }
@@ -188,10 +225,12 @@ impl Region {
                 len: buffer.len(),
                 location: location.into(),
                 remote_accessible,
+                kind: MemoryKind::Host,
             },
             base: NonNull::new(buffer.as_ptr()).unwrap_or(NonNull::dangling()),
             attachments: Mutex::new(Vec::new()),
             owner: Some(buffer),
+            device: None,
             pins: AtomicUsize::new(0),
         }
     }
@@ -332,10 +371,14 @@ impl RegionPin {
         lock(&self.region.attachments).push(attachment);
     }
 
-    /// The bytes `[addr, addr + len)` of the pinned region, checked to lie inside it.
-    pub fn slice(&self, addr: usize, len: usize) -> Result<RegionSlice<'_>, MemoryError> {
-        let region = &*self.region;
-        let info = &region.info;
+    /// Whether the pinned region is device memory (reached only through a [`Stage`](crate::Stage) or
+    /// the copies of [`RegionPin::copy_to_slice`] and [`RegionPin::copy_from_slice`]).
+    pub fn is_device(&self) -> bool {
+        self.region.device.is_some()
+    }
+
+    fn offset_of(&self, addr: usize, len: usize) -> Result<usize, MemoryError> {
+        let info = &self.region.info;
         let offset = addr.wrapping_sub(info.addr);
         let inside = addr >= info.addr && offset.checked_add(len).is_some_and(|e| e <= info.len);
         if !inside {
@@ -345,6 +388,37 @@ impl RegionPin {
                 region_addr: info.addr,
                 region_len: info.len,
             });
+        }
+        Ok(offset)
+    }
+
+    /// The checked device range `[addr, addr + len)`, or `None` for host memory.
+    pub(crate) fn device_range(
+        &self,
+        addr: usize,
+        len: usize,
+    ) -> Result<Option<DeviceRange>, MemoryError> {
+        let Some(device) = self.region.device else {
+            return Ok(None);
+        };
+        self.offset_of(addr, len)?;
+        if len == 0 {
+            return Err(MemoryError::ZeroLength { addr });
+        }
+        Ok(Some(DeviceRange {
+            device,
+            addr: addr as u64,
+            len,
+        }))
+    }
+
+    /// The bytes `[addr, addr + len)` of the pinned region, checked to lie inside it. Device
+    /// memory has none to give: the CPU does not touch it ([`MemoryError::DeviceMemory`]).
+    pub fn slice(&self, addr: usize, len: usize) -> Result<RegionSlice<'_>, MemoryError> {
+        let region = &*self.region;
+        let offset = self.offset_of(addr, len)?;
+        if region.device.is_some() {
+            return Err(MemoryError::DeviceMemory { addr, len });
         }
         // SAFETY: `offset + len <= info.len` (checked), so the result stays inside the
         // allocation `base` points to (a registered range is one allocation or mapping, by
@@ -405,14 +479,42 @@ impl RegionPin {
         Ok(())
     }
 
-    /// Copies `dst.len()` bytes starting at `addr` out of the region.
+    /// Copies `dst.len()` bytes starting at `addr` out of the region (by a device copy for
+    /// device memory).
     pub fn copy_to_slice(&self, addr: usize, dst: &mut [u8]) -> Result<(), MemoryError> {
+        if dst.is_empty() {
+            return self.offset_of(addr, 0).map(drop);
+        }
+        if let Some(range) = self.device_range(addr, dst.len())? {
+            // SAFETY: the range lies in this pinned device region (checked), which stays
+            // allocated while pinned; `dst` is an exclusive borrow of host memory.
+            return unsafe {
+                range
+                    .device
+                    .copy_to_host(dst.as_mut_ptr(), range.addr, range.len)
+            }
+            .map_err(|reason| MemoryError::Device { addr, reason });
+        }
         self.slice(addr, dst.len())?.copy_to(dst);
         Ok(())
     }
 
-    /// Copies `src` into the region starting at `addr`.
+    /// Copies `src` into the region starting at `addr` (by a device copy for device memory).
     pub fn copy_from_slice(&self, addr: usize, src: &[u8]) -> Result<(), MemoryError> {
+        if src.is_empty() {
+            return self.offset_of(addr, 0).map(drop);
+        }
+        if let Some(range) = self.device_range(addr, src.len())? {
+            // SAFETY: the range lies in this pinned device region (checked), which stays
+            // allocated while pinned and which registration made writable by Tern; `src` is
+            // a borrow of host memory.
+            return unsafe {
+                range
+                    .device
+                    .copy_from_host(range.addr, src.as_ptr(), range.len)
+            }
+            .map_err(|reason| MemoryError::Device { addr, reason });
+        }
         self.slice(addr, src.len())?.copy_from(src);
         Ok(())
     }
@@ -428,7 +530,7 @@ pub struct RegionSlice<'a> {
     _pin: PhantomData<&'a RegionPin>,
 }
 
-impl RegionSlice<'_> {
+impl<'a> RegionSlice<'a> {
     /// Bytes in the slice.
     pub fn len(&self) -> usize {
         self.len
@@ -446,6 +548,20 @@ impl RegionSlice<'_> {
             // SAFETY: `n <= len`, so the pointer stays inside (or one past) the slice.
             ptr: unsafe { self.ptr.add(n) },
             len: self.len - n,
+            _pin: PhantomData,
+        }
+    }
+
+    /// `len` bytes of a staging buffer from `offset`, for a socket to fill or drain.
+    pub(crate) fn staged(
+        buffer: &'a mut tern_cuda::PinnedBuffer,
+        offset: usize,
+        len: usize,
+    ) -> Self {
+        let bytes = &mut buffer.bytes_mut()[offset..offset + len];
+        Self {
+            ptr: NonNull::new(bytes.as_mut_ptr()).unwrap_or(NonNull::dangling()),
+            len: bytes.len(),
             _pin: PhantomData,
         }
     }
@@ -745,7 +861,12 @@ impl MemoryRegistry {
     /// A region whose location is `"*"` is named after the NUMA node of its first page
     /// (`cpu:<node>`), as Mooncake does, when the kernel can tell.
     pub fn register(&self, mut region: Region) -> Result<Arc<Region>, MemoryError> {
-        if region.info.location == "*" {
+        if region.owner.is_none() {
+            crate::device::resolve(&mut region)?;
+        }
+        if region.info.kind == MemoryKind::Host
+            && matches!(region.info.location.as_str(), "*" | "cpu:*")
+        {
             region.info.location = crate::numa::resolve_location("*", region.info.addr);
         }
         let region = Arc::new(region);

@@ -31,7 +31,7 @@ pub(crate) fn log_failure(py: Python<'_>, message: &str) {
 /// The Python class for an engine error, by name in `tern._errors`.
 fn class_for(error: &EngineError) -> &'static str {
     match error {
-        EngineError::InvalidArgument(_) => "InvalidArgument",
+        EngineError::InvalidArgument(_) | EngineError::Device { .. } => "InvalidArgument",
         EngineError::TooManyRequests { .. } => "TooManyRequests",
         EngineError::AddressNotRegistered { .. } => "AddressNotRegistered",
         EngineError::AddressOverlapped { .. } => "AddressOverlapped",

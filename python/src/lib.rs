@@ -53,5 +53,17 @@ fn _tern(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pythonic::OwnedMemory>()?;
     m.add_class::<pythonic::Waker>()?;
     m.add_function(wrap_pyfunction!(mooncake::local_topology, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_driver, m)?)?;
     Ok(())
+}
+
+/// The CUDA driver this process uses (loading it on the first call): `None` without one, else
+/// its library path and version. Device memory can be registered only when there is one.
+#[pyfunction]
+fn cuda_driver(py: Python<'_>) -> Option<(String, i32)> {
+    py.detach(|| {
+        tern_engine::cuda_driver()
+            .ok()
+            .map(|d| (d.path().to_owned(), d.version()))
+    })
 }

@@ -12,7 +12,7 @@ from typing import Any, Iterable, NamedTuple, Sequence, Union
 
 from . import _tern
 from ._errors import InvalidArgument, MemoryMoved, TransferError
-from ._memory import Hold, locate, view_of
+from ._memory import Hold, device_location, locate, view_of
 
 __all__ = [
     "TransferEngine",
@@ -318,13 +318,16 @@ class TransferEngine:
 
     def register(self, obj: Any, *, location: str = "*", remote_accessible: bool = True) -> Region:
         """Registers the memory of ``obj`` (buffer protocol, ``__array_interface__``, or a
-        CPU tensor's ``data_ptr()``/``nbytes``); its memory is kept allocated until
-        unregistered (a buffer export, the tensor's storage, the object).
+        CPU or CUDA tensor's ``data_ptr()``/``nbytes``); its memory is kept allocated until
+        unregistered (a buffer export, the tensor's storage, the object). A CUDA tensor is
+        registered as ``cuda:<index>`` device memory, which moves only by driver copies.
 
         Do not move registered memory (a tensor's growing ``resize_``): nothing outside
         torch can forbid it, and peers would write freed memory. :meth:`unregister` detects
         it and raises :class:`MemoryMoved`."""
         addr, nbytes, hold = locate(obj)
+        if location == "*":
+            location = device_location(obj) or location
         self._core.register_held(addr, nbytes, location, remote_accessible, hold)
         region = Region(addr, nbytes, location, obj, hold)
         with self._lock:

@@ -108,8 +108,8 @@ def _from_array_interface(obj: Any, interface: dict) -> tuple[int, int, Hold]:
 def _from_tensor(obj: Any) -> tuple[int, int, Hold]:
     device = getattr(obj, "device", None)
     kind = getattr(device, "type", device)
-    if kind is not None and str(kind) != "cpu":
-        raise InvalidArgument(f"tensor on {kind}: only CPU memory can be registered")
+    if kind is not None and str(kind) not in ("cpu", "cuda"):
+        raise InvalidArgument(f"tensor on {kind}: only CPU and CUDA memory can be registered")
     is_contiguous = getattr(obj, "is_contiguous", None)
     if callable(is_contiguous) and not is_contiguous():
         raise InvalidArgument("tensor is not contiguous")
@@ -135,6 +135,16 @@ def _from_tensor(obj: Any) -> tuple[int, int, Hold]:
             f"({int(storage_nbytes)} bytes at {base:#x})"
         )
     return pointer, nbytes, Hold(storage, f"storage of a {type(obj).__name__}", base, storage.data_ptr)
+
+
+def device_location(obj: Any) -> str | None:
+    """``cuda:<index>`` for a tensor on a numbered CUDA device, else ``None`` (the engine then
+    asks the driver where the memory is)."""
+    device = getattr(obj, "device", None)
+    if str(getattr(device, "type", device)) != "cuda":
+        return None
+    index = getattr(device, "index", None)
+    return f"cuda:{int(index)}" if index is not None else None
 
 
 def locate(obj: Any) -> tuple[int, int, Hold]:

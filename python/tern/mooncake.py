@@ -25,13 +25,19 @@ from . import _tern
 
 __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read", "Write"]
 
-# Compile-time features of Mooncake builds; none of them is in Tern.
-SUPPORT_CUDA = False
+# Compile-time features of Mooncake builds. CUDA is a run-time matter in Tern (``SUPPORT_CUDA``
+# is true when a CUDA driver loads, asked on first access); none of the others is in Tern.
 SUPPORT_HIP = False
 SUPPORT_MUSA = False
 SUPPORT_EFA = False
 SUPPORT_MNNVL = False
 SUPPORT_INTRA_NVLINK = False
+
+
+def __getattr__(name: str) -> object:
+    if name == "SUPPORT_CUDA":
+        return _tern.cuda_driver() is not None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class TransferOpcode(IntEnum):

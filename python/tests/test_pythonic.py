@@ -68,10 +68,16 @@ def test_everything_with_memory_registers(engine):
     engine.unregister(regions[4].addr)
     with pytest.raises(tern.InvalidArgument, match="C-contiguous"):
         engine.register(np.zeros((8, 8))[:, ::2])
-    with pytest.raises(tern.InvalidArgument, match="cuda"):
+    # A tensor that says it is on cuda:0 but whose memory is host memory is refused: the
+    # driver (or its absence) decides what memory is, never the object's word alone.
+    with pytest.raises(tern.TransferError, match="cuda"):
         cuda = FakeTensor(64)
-        cuda.device = type("device", (), {"type": "cuda"})
+        cuda.device = type("device", (), {"type": "cuda", "index": 0})
         engine.register(cuda)
+    with pytest.raises(tern.InvalidArgument, match="xpu"):
+        other = FakeTensor(64)
+        other.device = type("device", (), {"type": "xpu", "index": 0})
+        engine.register(other)
 
 
 def test_owned_buffers_are_zero_copy_memoryviews(engine, peer_factory):

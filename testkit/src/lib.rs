@@ -2,13 +2,15 @@
 //! `etcd`, on a given address with free ports and its own data directory), to check it is
 //! healthy, and to poke at it with `etcdctl`; a way to read what the test process logged;
 //! stopping a peer process so that it is stopped when the call returns; and memory to watch
-//! for writes after a transfer call gave it back.
+//! for writes after a transfer call gave it back; the stand-in CUDA driver for device-memory
+//! tests.
 //!
 //! It must not be a dependency of any library crate: it is for tests (as a dev-dependency)
 //! and for xtask, and it depends only on pure-Rust crates, so xtask builds before any system
 //! package is installed.
 #![forbid(unsafe_code)]
 
+pub mod cuda;
 pub mod etcd;
 pub mod logs;
 pub mod memory;

@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use tern_engine::MemoryKind;
 use tern_engine::{
     BufferDesc, NicStats, PeerState, PeerStats, RegionInfo, SegmentDesc, Slice, TransferError,
     Transport, TransportContext, TransportError, TransportReport,
@@ -270,6 +271,8 @@ impl Inner {
             peer_views: Mutex::new(HashMap::new()),
             local_ranked: Mutex::new(HashMap::new()),
             retries: std::sync::atomic::AtomicU64::new(0),
+            device_declines: std::sync::atomic::AtomicU64::new(0),
+            device_declined_bytes: std::sync::atomic::AtomicU64::new(0),
             last_errors: Mutex::new(HashMap::new()),
             nics: slots,
         });
@@ -396,6 +399,18 @@ impl Transport for RdmaTransport {
         let shared = self
             .running()
             .ok_or_else(|| TransportError::State("the RDMA transport is not started".into()))?;
+        if region.kind != MemoryKind::Host {
+            // Registering device memory on NICs needs dma-buf (`ibv_reg_dmabuf_mr`) or
+            // nvidia_peermem; until then its slices go to the next transport, counted as
+            // declined for device memory in the stats, never silently.
+            tracing::warn!(
+                "RDMA: device memory at {:#x} ({}) is not registered on NICs; its transfers \
+                 go over the next transport",
+                region.addr,
+                region.location
+            );
+            return Ok(());
+        }
         let pin = shared
             .context
             .registry
@@ -517,6 +532,14 @@ impl Transport for RdmaTransport {
                 slice.abandon();
                 continue;
             }
+            if slice.local().is_device() {
+                shared.device_declines.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .device_declined_bytes
+                    .fetch_add(slice.len as u64, Ordering::Relaxed);
+                slice.decline("device memory is not registered on this node's NICs");
+                continue;
+            }
             match shared.route(&slice, 0, first.wrapping_add(i), None, &mut cache) {
                 Ok(route) => {
                     let group = route.nic * workers + cache.worker_of(&route.key, workers);
@@ -530,7 +553,9 @@ impl Transport for RdmaTransport {
                     });
                 }
                 // No path to the peer's NICs: another transport may still reach it.
-                Err(error @ TransferError::Connection { .. }) => slice.decline_with(error),
+                Err(
+                    error @ (TransferError::Connection { .. } | TransferError::Declined { .. }),
+                ) => slice.decline_with(error),
                 Err(error) => slice.fail(error),
             }
         }
@@ -587,6 +612,18 @@ impl Transport for RdmaTransport {
         }
         TransportReport {
             retries: shared.retries.load(Ordering::Relaxed),
+            declined: {
+                let slices = shared.device_declines.load(Ordering::Relaxed);
+                let bytes = shared.device_declined_bytes.load(Ordering::Relaxed);
+                (slices > 0)
+                    .then(|| tern_engine::DeclinedStats {
+                        reason: "device memory".into(),
+                        slices,
+                        bytes,
+                    })
+                    .into_iter()
+                    .collect()
+            },
             peers: peers
                 .into_iter()
                 .map(|(peer, (ready, connecting))| {

@@ -142,6 +142,10 @@ pub(crate) struct Shared {
     pub local_ranked: Mutex<HashMap<String, Arc<Ranked>>>,
     /// Slices sent again after a failure.
     pub retries: std::sync::atomic::AtomicU64,
+    /// Slices of device memory handed to the next transport, and their bytes.
+    pub device_declines: std::sync::atomic::AtomicU64,
+    /// See `device_declines`.
+    pub device_declined_bytes: std::sync::atomic::AtomicU64,
     /// The last failure seen with each peer server (only written when something fails).
     pub last_errors: Mutex<HashMap<String, String>>,
 }
@@ -300,6 +304,14 @@ impl Shared {
         };
         let rkeys = match &buffer.rkey {
             Some(rkeys) if !rkeys.is_empty() => rkeys,
+            // Published without keys (device memory this build does not register on NICs):
+            // another transport may carry it.
+            None => {
+                return Err(TransferError::Declined {
+                    segment: slice.peer().name.clone(),
+                    reason: "the peer's buffer is not registered on its NICs".into(),
+                });
+            }
             // Not remote-accessible there: the peer would refuse it.
             _ => {
                 return Err(TransferError::RemoteRejected {

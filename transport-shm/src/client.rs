@@ -92,6 +92,9 @@ enum Reply {
     Rejected(String),
     /// The peer's answer is refused: the slice goes to the next transport.
     Refused(String),
+    /// The peer's buffer is memory this transport does not carry: this slice goes to the
+    /// next transport; the link stays good for other buffers.
+    Declined(String),
     Leased(Vec<bool>),
 }
 
@@ -143,6 +146,36 @@ pub(crate) struct Link {
     io_timeout: Duration,
     /// Bytes and slices moved with the peer (any copy thread may add).
     moved: SharedMovedCounter,
+    /// Buffers of the peer this transport does not carry (device memory): `(addr, len)`.
+    declined: Mutex<Vec<(u64, u64)>>,
+    /// The transport's tally of device-memory declines.
+    device_declines: Arc<DeviceDeclines>,
+}
+
+/// Slices declined because their memory (local or the peer's) is device memory, which this
+/// transport does not carry yet: the next transport (TCP) stages it instead, and the stats
+/// say so.
+#[derive(Debug, Default)]
+pub(crate) struct DeviceDeclines {
+    slices: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl DeviceDeclines {
+    /// Declines `slice` for the next transport and counts it.
+    pub(crate) fn decline(&self, slice: Slice, why: &str) {
+        self.slices.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(slice.len as u64, Ordering::Relaxed);
+        slice.decline(why);
+    }
+
+    /// Slices and bytes declined so far.
+    pub(crate) fn get(&self) -> (u64, u64) {
+        (
+            self.slices.load(Ordering::Relaxed),
+            self.bytes.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// How a peer's plain (not memfd) buffers are reached.
@@ -179,6 +212,8 @@ pub(crate) struct Links {
     readers: Mutex<Vec<JoinHandle<()>>>,
     /// Connection set-up, one at a time (it is rare, and a peer then gets one link).
     connecting: Mutex<()>,
+    /// Slices declined for device memory, on every link.
+    pub(crate) device_declines: Arc<DeviceDeclines>,
 }
 
 /// A peer's state, for the transport's report.
@@ -209,6 +244,7 @@ impl Links {
             table: Mutex::default(),
             readers: Mutex::default(),
             connecting: Mutex::new(()),
+            device_declines: Arc::default(),
         }
     }
 
@@ -370,6 +406,8 @@ impl Links {
             refusal: Mutex::new(None),
             io_timeout: self.io_timeout,
             moved: Default::default(),
+            declined: Mutex::default(),
+            device_declines: self.device_declines.clone(),
         });
         let reading = link.clone();
         let reader = std::thread::Builder::new()
@@ -553,6 +591,10 @@ impl Link {
         };
         let answer = match outcome {
             Opened::Rejected(reason) => Reply::Rejected(reason),
+            Opened::Declined { addr, len, reason } => {
+                lock(&self.declined).push((addr, len));
+                Reply::Declined(reason)
+            }
             Opened::Plain { addr, len } if check.admits(addr, len) => {
                 lock(&self.plain).push((addr, len));
                 Reply::Plain
@@ -672,6 +714,12 @@ impl Link {
         maps.iter().find(|m| m.contains(addr, len)).cloned()
     }
 
+    fn is_declined(&self, addr: u64, len: u64) -> bool {
+        lock(&self.declined)
+            .iter()
+            .any(|&(a, l)| addr >= a && addr.checked_add(len).is_some_and(|e| e <= a + l))
+    }
+
     fn is_plain(&self, addr: u64, len: u64) -> bool {
         lock(&self.plain)
             .iter()
@@ -775,11 +823,16 @@ impl Link {
                 plain.push(slice);
                 continue;
             }
+            if self.is_declined(addr, len) {
+                self.device_declines.decline(slice, crate::DEVICE_DECLINED);
+                continue;
+            }
             match self.open(&slice) {
                 Ok(Some(mapped)) => self.copy_mapped(&mapped, slice, &mut unknown, &mut revoked),
                 Ok(None) => plain.push(slice),
                 Err(Refusal::Fail(e)) => slice.fail(e),
                 Err(Refusal::Decline(why)) => slice.decline(&why),
+                Err(Refusal::Device(why)) => self.device_declines.decline(slice, &why),
             }
         }
         revoked.into_iter().for_each(|slice| self.reject(slice));
@@ -832,6 +885,7 @@ impl Link {
                 *lock(&self.refusal) = Some(why.clone());
                 Err(Refusal::Decline(why))
             }
+            Reply::Declined(why) => Err(Refusal::Device(why)),
             Reply::Leased(_) => Err(Refusal::Decline(
                 "the peer answered an open with a lease".into(),
             )),
@@ -952,7 +1006,9 @@ impl Link {
     /// Slices to another engine of this process.
     fn in_process(&self, registry: &tern_memreg::MemoryRegistry, slices: Vec<Slice>) {
         for slice in slices {
-            copy_in_registry(registry, slice, |moved| self.completed(moved));
+            copy_in_registry(registry, slice, &self.device_declines, |moved| {
+                self.completed(moved)
+            });
         }
     }
 
@@ -1015,6 +1071,7 @@ fn attach_many(process: PeerProcess, slices: &[Slice]) -> usize {
 pub(crate) fn copy_in_registry(
     registry: &tern_memreg::MemoryRegistry,
     slice: Slice,
+    declines: &DeviceDeclines,
     moved: impl FnOnce(Slice),
 ) {
     let peer = slice.peer().name.clone();
@@ -1030,6 +1087,10 @@ pub(crate) fn copy_in_registry(
         slice.fail(error);
         return;
     };
+    if pin.is_device() {
+        drop(pin);
+        return declines.decline(slice, crate::DEVICE_DECLINED);
+    }
     let copied = pin.slice(addr, slice.len).and_then(|remote| {
         let local = slice.local().slice(slice.local_addr, slice.len)?;
         match slice.opcode() {
@@ -1059,6 +1120,8 @@ fn memfd_file(memfd: &MemFd) -> io::Result<(u64, u64)> {
 enum Refusal {
     Fail(TransferError),
     Decline(String),
+    /// The peer's buffer is device memory.
+    Device(String),
 }
 
 #[cfg(test)]
@@ -1084,6 +1147,8 @@ mod tests {
             refusal: Mutex::new(None),
             io_timeout: Duration::from_secs(1),
             moved: Default::default(),
+            declined: Mutex::default(),
+            device_declines: Default::default(),
         };
         (link, theirs)
     }

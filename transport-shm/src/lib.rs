@@ -59,10 +59,16 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
+use tern_engine::DeclinedStats;
 use tern_engine::{
     AlignedBuffer, Opcode, PeerState, PeerStats, RegionInfo, SegmentDesc, SegmentId, Slice,
     TransferError, Transport, TransportContext, TransportError, TransportReport,
 };
+
+/// Why a slice of device memory goes to the next transport: this transport copies with the
+/// CPU, which never touches device memory.
+pub(crate) const DEVICE_DECLINED: &str =
+    "device memory: the same-host transport copies with the CPU, which does not touch it";
 
 use crate::client::{Links, Reach};
 use crate::identity::{Extension, HostIdentity, same_host};
@@ -463,7 +469,7 @@ fn run(slices: Vec<Slice>, links: &Links) {
             group.push(next);
         }
         if peer.id == SegmentId::LOCAL {
-            local(group, links.registry());
+            local(group, links.registry(), &links.device_declines);
             continue;
         }
         match links.reach(&peer) {
@@ -486,13 +492,17 @@ fn run(slices: Vec<Slice>, links: &Links) {
 }
 
 /// Slices to this engine's own segment: copies between two pinned regions of its registry.
-fn local(slices: Vec<Slice>, registry: &tern_memreg::MemoryRegistry) {
+fn local(
+    slices: Vec<Slice>,
+    registry: &tern_memreg::MemoryRegistry,
+    declines: &client::DeviceDeclines,
+) {
     for slice in slices {
         if !slice.is_live() {
             slice.abandon();
             continue;
         }
-        client::copy_in_registry(registry, slice, Slice::complete);
+        client::copy_in_registry(registry, slice, declines, Slice::complete);
     }
 }
 
@@ -573,6 +583,22 @@ impl Transport for ShmTransport {
             }
             return;
         };
+        let slices = if slices.iter().any(|s| s.local().is_device()) {
+            let (device, host): (Vec<Slice>, Vec<Slice>) =
+                slices.into_iter().partition(|s| s.local().is_device());
+            for slice in device {
+                running
+                    .links
+                    .device_declines
+                    .decline(slice, DEVICE_DECLINED);
+            }
+            host
+        } else {
+            slices
+        };
+        if slices.is_empty() {
+            return;
+        }
         // Spread a large submit over the copy threads and the thread that will wait for it
         // (it helps: `help`).
         let hands = self.config.workers.max(1) + 1;
@@ -676,9 +702,19 @@ impl Transport for ShmTransport {
                 }),
         );
         peers.sort_by(|a, b| a.peer.cmp(&b.peer));
+        let (slices, bytes) = running.links.device_declines.get();
+        let declined = (slices > 0)
+            .then(|| DeclinedStats {
+                reason: "device memory".into(),
+                slices,
+                bytes,
+            })
+            .into_iter()
+            .collect();
         TransportReport {
             retries: 0,
             peers,
+            declined,
             ..TransportReport::default()
         }
     }

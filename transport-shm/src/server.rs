@@ -426,6 +426,14 @@ fn open(owner: &Owner, conn: &Conn, id: u64, addr: u64, len: u64) -> Result<(), 
     let found = pin(owner, addr, len);
     let (outcome, memfd) = match &found {
         Err(reason) => (Opened::Rejected(reason.clone()), None),
+        Ok(pin) if pin.is_device() => (
+            Opened::Declined {
+                addr: pin.info().addr as u64,
+                len: pin.info().len as u64,
+                reason: crate::DEVICE_DECLINED.into(),
+            },
+            None,
+        ),
         Ok(pin) => {
             let info = pin.info();
             let memfd = lock(&owner.memfds)

@@ -63,6 +63,16 @@ pub enum Opened {
     },
     /// The range is not inside a registered, remote-accessible buffer.
     Rejected(String),
+    /// The buffer is memory this transport does not carry (device memory): the slice goes
+    /// to the next transport.
+    Declined {
+        /// Start of the buffer.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// One frame.
@@ -273,6 +283,11 @@ impl Frame {
                         out.push(2);
                         put_text(&mut out, reason);
                     }
+                    Opened::Declined { addr, len, reason } => {
+                        out.push(3);
+                        u64s(&mut out, &[*addr, *len]);
+                        put_text(&mut out, reason);
+                    }
                 }
             }
             Self::Lease { id, ranges } => {
@@ -432,6 +447,11 @@ pub fn decode(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
                     len: b.u64()?,
                 },
                 2 => Opened::Rejected(b.text()?),
+                3 => Opened::Declined {
+                    addr: b.u64()?,
+                    len: b.u64()?,
+                    reason: b.text()?,
+                },
                 other => return Err(b.bad(format!("outcome {other}"))),
             };
             Frame::Opened { id, outcome }

@@ -25,7 +25,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use tern_engine::{
     MovedCounter, Opcode, PeerState, PeerStats, ReportTogether, Slice, TransferError,
 };
-use tern_memreg::{RegionIo, wait_ready};
+use tern_memreg::{RegionIo, Stage, wait_ready};
 use tern_metadata::auth::{Channel, ClusterSecret};
 use tern_metadata::net::{Dial, DialAuth, dial};
 
@@ -375,6 +375,8 @@ struct Window {
     /// How many of the slices at the front of `queued` were on a connection a cut-off
     /// dropped: bytes of such a write may have left.
     resent: usize,
+    /// Pinned buffers through which device memory reaches the socket.
+    stage: Stage,
 }
 
 /// How one pass over the connection went.
@@ -456,6 +458,7 @@ impl Window {
     }
 
     fn fail_all(&mut self, error: impl Fn() -> TransferError) {
+        self.settle();
         let sending = self.sending.take().map(|s| s.slice);
         let awaiting = self.awaiting.drain(..).map(|a| a.slice);
         let resent = std::mem::take(&mut self.resent).min(self.queued.len());
@@ -579,6 +582,7 @@ impl Window {
         if let Some(open) = lock(&shared.open).get_mut(lane) {
             *open = None;
         }
+        self.settle();
         // Oldest first: those awaiting replies, the one being sent, then the queue.
         let mut again = VecDeque::with_capacity(self.count());
         let awaiting = std::mem::take(&mut self.awaiting);
@@ -610,6 +614,13 @@ impl Window {
             shared.endpoint
         );
         false
+    }
+
+    /// Waits for the device copies of the slices on the wire, before any is given back.
+    fn settle(&mut self) {
+        if let Err(e) = self.stage.settle() {
+            tracing::warn!("TCP lane: waiting for device copies: {e}");
+        }
     }
 
     /// Fails everything in the window after the connection broke. The lane's connection
@@ -683,6 +694,7 @@ impl Window {
                 let Some(slice) = slice else {
                     continue;
                 };
+                self.stage.begin_outbound();
                 self.sending = Some(Sending {
                     header: request_header(shared, &slice),
                     slice,
@@ -700,12 +712,13 @@ impl Window {
                 let head = &sending.header.bytes[sending.sent.min(header_len)..header_len];
                 let body_from = sending.sent.saturating_sub(header_len);
                 let result = match sending.slice.opcode() {
-                    Opcode::Write => sending
-                        .slice
-                        .local()
-                        .slice(
-                            sending.slice.local_addr + body_from,
-                            sending.slice.len - body_from,
+                    Opcode::Write => self
+                        .stage
+                        .outbound(
+                            sending.slice.local(),
+                            sending.slice.local_addr,
+                            sending.slice.len,
+                            body_from,
                         )
                         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
                         .and_then(|body| stream.write_from(head, body)),
@@ -829,19 +842,25 @@ impl Window {
                 }
             }
             if is_read && front.body_got < len {
-                let body = front
-                    .slice
-                    .local()
-                    .slice(
-                        front.slice.local_addr + front.body_got,
-                        len - front.body_got,
-                    )
-                    .map_err(|e| Failure::Io(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
                 drop(together.take());
                 if self.drained {
                     return Ok(step);
                 }
-                match stream.read_into(body) {
+                let (local_addr, got) = (front.slice.local_addr, front.body_got);
+                let received = self
+                    .stage
+                    .inbound(front.slice.local(), local_addr, len, got)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+                    .and_then(|body| stream.read_into(body));
+                let received = match received {
+                    Ok(n) if n > 0 => self
+                        .stage
+                        .received(front.slice.local(), local_addr, len, got, n)
+                        .map(|()| n)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e)),
+                    other => other,
+                };
+                match received {
                     Ok(0) => return Err(Failure::Io(io::ErrorKind::UnexpectedEof.into())),
                     Ok(n) => {
                         self.drained = front.body_got + n < len;

@@ -296,6 +296,7 @@ impl Transport for TcpTransport {
             peers,
             nics: Vec::new(),
             served,
+            declined: Vec::new(),
         }
     }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tern_engine::ServedStats;
-use tern_memreg::{MemoryRegistry, RegionIo, RegionSlice, recv_now};
+use tern_memreg::{MemoryRegistry, RegionIo, RegionSlice, Stage, recv_now};
 use tern_metadata::auth::{self, Channel, ClusterSecret, Identity};
 use tern_metadata::net::{
     Acceptor, DeadlineRead, Replayed, ServeLimits, Served as Connection, bind_listener, is_tick,
@@ -134,6 +134,8 @@ fn serve(
     let mut staged = Staging::default();
     // Status frames not sent yet (see `keep_holding`).
     let mut held = Held::default();
+    // Pinned buffers for device memory, made at the first request for it.
+    let mut stage = Stage::new();
     loop {
         if staged.len() < HEADER_LEN {
             staged.compact();
@@ -177,7 +179,7 @@ fn serve(
             staged: &mut staged,
             held: &mut held,
         };
-        let outcome = match serve_request(&mut conn, &header, registry) {
+        let outcome = match serve_request(&mut conn, &header, registry, &mut stage) {
             Ok(outcome) => outcome,
             Err(reason) => {
                 // The writes before this request were applied: say so before closing.
@@ -367,13 +369,15 @@ pub enum Served {
 
 /// Serves one request whose header has been read from `conn`: admits it against the
 /// registered, remote-accessible memory of `registry` (the server's only admission check) and
-/// moves its bytes over `conn`. `Ok` (with what it did) to go on with the next request; `Err`
+/// moves its bytes over `conn` (device memory through `stage`'s pinned buffers, the same
+/// admission for both kinds). `Ok` (with what it did) to go on with the next request; `Err`
 /// with the reason to close the connection. What the server runs for every request, public
 /// so that it can be fuzzed without a socket.
 pub fn serve_request<C: RegionIo + Read + Write>(
     conn: &mut C,
     header: &Header,
     registry: &MemoryRegistry,
+    stage: &mut Stage,
 ) -> Result<Served, String> {
     let op = header.operation();
     if op != OP_READ && op != OP_WRITE {
@@ -400,12 +404,13 @@ pub fn serve_request<C: RegionIo + Read + Write>(
     let ok = Status::Ok.encode_padded();
     match (op, pin) {
         (OP_READ, Ok((pin, addr, size))) => {
-            pin.write_prefixed_to(&ok[..status_len], addr, size, conn)
+            stage
+                .write_prefixed_to(&pin, &ok[..status_len], addr, size, conn)
                 .map_err(io)?;
             Ok(Served::Read(header.size))
         }
         (_, Ok((pin, addr, size))) => {
-            pin.read_exact_from(addr, size, conn).map_err(io)?;
+            stage.read_exact_from(&pin, addr, size, conn).map_err(io)?;
             conn.write_all(&ok[..status_len]).map_err(io)?;
             Ok(Served::Wrote(header.size))
         }

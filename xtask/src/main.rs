@@ -260,6 +260,11 @@ fn test(extra: &[String]) -> Result<(), String> {
     doc.args(["doc", "--workspace", "--no-deps"])
         .env("RUSTDOCFLAGS", "-D warnings");
     run(doc, "cargo doc")?;
+    // The stand-in CUDA driver the device-memory tests load (a cdylib, which `cargo test`
+    // does not build by itself).
+    let mut standin = cargo();
+    standin.args(["build", "-p", "tern-cuda-standin"]);
+    run(standin, "cargo build -p tern-cuda-standin")?;
     let etcd = start_etcd(None)?;
     eprintln!("xtask: etcd for the tests at {}", etcd.endpoint);
     let mut tests = cargo();

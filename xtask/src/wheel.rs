@@ -152,6 +152,9 @@ fn test_binaries() -> Result<PathBuf, String> {
     let mut build = cargo();
     build.args(["build", "-p", "tern-bench", "--bins"]);
     run(build, "cargo build -p tern-bench --bins")?;
+    let mut standin = cargo();
+    standin.args(["build", "-p", "tern-cuda-standin"]);
+    run(standin, "cargo build -p tern-cuda-standin")?;
     Ok(root().join("target/debug"))
 }
 
@@ -176,7 +179,10 @@ pub fn test_suites(etcd: &str) -> Result<(), String> {
             .env("TERN_BENCH_BIN", bin.join("tern-bench"))
             .env("TERN_METADATA_SERVER_BIN", bin.join("tern-metadata-server"))
             .env("TERN_TEST_ETCD", etcd)
-            .env("TERN_WHEEL_VARIANT", variant.name());
+            .env("TERN_WHEEL_VARIANT", variant.name())
+            // Every engine of the run (peers included) loads the stand-in CUDA driver:
+            // host memory is asked about like on a GPU host, and test_cuda.py has devices.
+            .env("TERN_CUDA_DRIVER", bin.join("libtern_cuda_standin.so"));
         run(
             pytest,
             &format!("pytest python/tests ({} wheel)", variant.name()),

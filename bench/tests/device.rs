@@ -1,0 +1,250 @@
+//! Device memory between two engines over real loopback sockets, against the stand-in CUDA
+//! driver (`tern-cuda-standin`): its device memory faults on any CPU access, so these tests
+//! pass only if every byte is staged by driver copies on both sides. What they prove is the
+//! logic above the driver, not that GPUs work.
+//!
+//! TCP carries device memory both ways, in chunks through pinned buffers, with requests
+//! admitted exactly as for host memory; with the same-host transport first, device slices are
+//! declined to TCP and the stats say so.
+
+use std::time::Duration;
+
+use tern_cuda::{Device, DeviceBuffer};
+use tern_engine::{
+    MemoryKind, RegisterRaw, SegmentId, TransferEngine, TransferRequest, TransferStatus,
+};
+use tern_transport_shm::{ShmConfig, ShmTransport};
+use tern_transport_tcp::TcpTransport;
+
+/// Three staging chunks and a ragged tail.
+const LEN: usize = 3 * tern_memreg::STAGE_CHUNK + 12_345;
+
+fn gpu() -> &'static Device {
+    let path = tern_testkit::cuda::standin_driver();
+    tern_cuda::use_driver(path.to_str().unwrap()).expect("the stand-in driver");
+    Device::get(0).expect("a stand-in device")
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
+}
+
+fn tcp_engine(same_host_first: bool) -> TransferEngine {
+    let mut builder = TransferEngine::builder().local_server_name("127.0.0.1");
+    if same_host_first {
+        builder = builder.transport(ShmTransport::new(ShmConfig::default()));
+    }
+    builder.transport(TcpTransport::default()).build().unwrap()
+}
+
+/// Registers device memory the test keeps until after the engine is gone.
+fn register(engine: &TransferEngine, buffer: &DeviceBuffer, location: &str) {
+    // SAFETY: every device buffer outlives the engines (declared before them in each test,
+    // so dropped after them); peers writing it is what registration is for.
+    unsafe {
+        engine
+            .register_memory(buffer.addr() as *mut u8, buffer.len(), location, true)
+            .unwrap();
+    }
+}
+
+fn run(engine: &TransferEngine, requests: &[TransferRequest]) {
+    let batch = engine.allocate_batch(requests.len()).unwrap();
+    engine.submit(&batch, requests).unwrap();
+    batch.wait(Duration::from_secs(60));
+    for (task, request) in requests.iter().enumerate() {
+        let status = batch.task_status(task).unwrap();
+        assert_eq!(
+            status.status,
+            TransferStatus::Completed,
+            "task {task}: {status:?}"
+        );
+        assert_eq!(status.transferred_bytes, request.length as u64);
+    }
+}
+
+fn device_bytes(buffer: &DeviceBuffer) -> Vec<u8> {
+    let mut out = vec![0u8; buffer.len()];
+    buffer.read(0, &mut out).unwrap();
+    out
+}
+
+fn remote_addr(engine: &TransferEngine, peer: SegmentId, len: usize) -> u64 {
+    let desc = engine.segment(peer).unwrap().desc.clone();
+    desc.buffers
+        .iter()
+        .find(|b| b.length == len as u64)
+        .expect("the target's device buffer is published")
+        .addr
+}
+
+#[test]
+fn tcp_writes_and_reads_device_memory_on_both_sides() {
+    let gpu = gpu();
+    let (source, landing, target) = (
+        gpu.allocate(LEN).unwrap(),
+        gpu.allocate(LEN).unwrap(),
+        gpu.allocate(LEN).unwrap(),
+    );
+    let data = pattern(LEN, 5);
+    source.write(0, &data).unwrap();
+    let (initiator, peer_engine) = (tcp_engine(false), tcp_engine(false));
+    register(&initiator, &source, "*");
+    register(&initiator, &landing, "cuda:0");
+    register(&peer_engine, &target, "*");
+    for region in peer_engine.registered_regions() {
+        assert_eq!(region.kind, MemoryKind::Device { ordinal: 0 });
+        assert_eq!(region.location, "cuda:0");
+    }
+    let peer = initiator.open_segment(peer_engine.segment_name()).unwrap();
+    let at = remote_addr(&initiator, peer, LEN);
+
+    // Several requests in one batch, at offsets that do not fall on chunk boundaries.
+    let cut = [0, 4096, 700_001, LEN];
+    let writes: Vec<TransferRequest> = cut
+        .windows(2)
+        .map(|w| {
+            let (from, to) = (w[0], w[1]);
+            TransferRequest::write(
+                source.addr() as usize + from,
+                peer,
+                at + from as u64,
+                to - from,
+            )
+        })
+        .collect();
+    run(&initiator, &writes);
+    assert!(
+        device_bytes(&target) == data,
+        "the target's device memory holds other bytes"
+    );
+
+    let reads: Vec<TransferRequest> = cut
+        .windows(2)
+        .map(|w| {
+            let (from, to) = (w[0], w[1]);
+            TransferRequest::read(
+                landing.addr() as usize + from,
+                peer,
+                at + from as u64,
+                to - from,
+            )
+        })
+        .collect();
+    run(&initiator, &reads);
+    assert!(
+        device_bytes(&landing) == data,
+        "the bytes read did not reach device memory"
+    );
+
+    // Outside the target's device buffer: refused as for host memory.
+    let beyond = TransferRequest::write(source.addr() as usize, peer, at + LEN as u64 - 8, 16);
+    let batch = initiator.allocate_batch(1).unwrap();
+    initiator.submit(&batch, &[beyond]).unwrap_or(());
+    batch.wait(Duration::from_secs(30));
+    assert_ne!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Completed
+    );
+    drop((initiator, peer_engine));
+}
+
+#[test]
+fn host_memory_and_device_memory_meet_over_tcp() {
+    let gpu = gpu();
+    let target = gpu.allocate(LEN).unwrap();
+    let initiator = tcp_engine(false);
+    let peer_engine = tcp_engine(false);
+    let host = initiator.allocate(LEN, "cpu:0").unwrap();
+    let data = pattern(LEN, 9);
+    host.write_at(0, &data).unwrap();
+    register(&peer_engine, &target, "cuda:0");
+    let peer = initiator.open_segment(peer_engine.segment_name()).unwrap();
+    let at = remote_addr(&initiator, peer, LEN);
+    run(
+        &initiator,
+        &[TransferRequest::write(host.addr(), peer, at, LEN)],
+    );
+    assert!(device_bytes(&target) == data);
+    let echo = pattern(LEN, 77);
+    target.write(0, &echo).unwrap();
+    run(
+        &initiator,
+        &[TransferRequest::read(host.addr(), peer, at, LEN)],
+    );
+    let mut back = vec![0u8; LEN];
+    host.read_at(0, &mut back).unwrap();
+    assert!(back == echo);
+    drop((initiator, peer_engine));
+}
+
+#[test]
+fn the_same_host_transport_declines_device_memory_to_tcp_and_says_so() {
+    let gpu = gpu();
+    let (source, target) = (gpu.allocate(LEN).unwrap(), gpu.allocate(LEN).unwrap());
+    let data = pattern(LEN, 1);
+    source.write(0, &data).unwrap();
+    let initiator = tcp_engine(true);
+    let peer_engine = tcp_engine(true);
+    register(&initiator, &source, "*");
+    register(&peer_engine, &target, "*");
+    let host_target = peer_engine.allocate(LEN / 2, "cpu:0").unwrap();
+    let peer = initiator.open_segment(peer_engine.segment_name()).unwrap();
+    let at = remote_addr(&initiator, peer, LEN);
+    run(
+        &initiator,
+        &[TransferRequest::write(
+            source.addr() as usize,
+            peer,
+            at,
+            LEN,
+        )],
+    );
+    assert!(device_bytes(&target) == data);
+    // Device source, host target: declined for the local side.
+    run(
+        &initiator,
+        &[TransferRequest::write(
+            source.addr() as usize,
+            peer,
+            host_target.addr() as u64,
+            LEN / 2,
+        )],
+    );
+    let mut back = vec![0u8; LEN / 2];
+    host_target.read_at(0, &mut back).unwrap();
+    assert!(back == data[..LEN / 2]);
+    let stats = initiator.stats();
+    let by = |protocol: &str| {
+        stats
+            .transports
+            .iter()
+            .find(|t| t.protocol == protocol)
+            .cloned()
+            .unwrap()
+    };
+    let (shm, tcp) = (by("shm"), by("tcp"));
+    let declined = shm
+        .declined
+        .iter()
+        .find(|d| d.reason == "device memory")
+        .expect("the same-host transport counts its device declines");
+    assert!(declined.slices >= 2, "{declined:?}");
+    assert!(declined.bytes >= (LEN + LEN / 2) as u64, "{declined:?}");
+    assert_eq!(shm.bytes, 0, "the same-host transport moved device memory");
+    assert!(
+        tcp.bytes >= (LEN + LEN / 2) as u64,
+        "TCP carried {}",
+        tcp.bytes
+    );
+    let text = stats.prometheus();
+    assert!(
+        text.contains(
+            "tern_transport_declined_slices_total{transport=\"shm\",reason=\"device memory\"}"
+        ),
+        "{text}"
+    );
+    drop((initiator, peer_engine, host_target));
+}

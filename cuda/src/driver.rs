@@ -1,0 +1,243 @@
+//! Loading the driver library and the table of the entry points Tern calls.
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::sync::{Mutex, OnceLock};
+
+use crate::error::CudaError;
+
+/// The driver's status code (`CUresult`); 0 is `CUDA_SUCCESS`.
+pub(crate) type CuResult = c_int;
+/// A device handle (`CUdevice`).
+pub(crate) type CuDevice = c_int;
+/// A context handle (`CUcontext`).
+pub(crate) type CuContext = *mut c_void;
+/// A stream handle (`CUstream`).
+pub(crate) type CuStream = *mut c_void;
+/// An event handle (`CUevent`).
+pub(crate) type CuEvent = *mut c_void;
+/// A device address (`CUdeviceptr`).
+pub(crate) type CuDevicePtr = u64;
+
+/// `CUDA_ERROR_INVALID_VALUE`: what `cuPointerGetAttribute` answers for memory CUDA does not
+/// know (CUDA Driver API, cuPointerGetAttribute: "If ptr was not allocated by, mapped by, or
+/// registered with a CUcontext which uses unified virtual addressing then
+/// CUDA_ERROR_INVALID_VALUE is returned").
+pub(crate) const ERROR_INVALID_VALUE: CuResult = 1;
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE`.
+pub(crate) const POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+/// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
+pub(crate) const POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
+/// `CU_MEMORYTYPE_HOST`.
+pub(crate) const MEMORYTYPE_HOST: c_uint = 1;
+/// `CU_STREAM_NON_BLOCKING`: the stream does not wait for work on the legacy default stream.
+pub(crate) const STREAM_NON_BLOCKING: c_uint = 1;
+/// `CU_EVENT_DISABLE_TIMING`: a fence only, the cheapest kind of event.
+pub(crate) const EVENT_DISABLE_TIMING: c_uint = 2;
+/// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context, not only the current one.
+pub(crate) const MEMHOSTALLOC_PORTABLE: c_uint = 1;
+
+/// The library loaded when `TERN_CUDA_DRIVER` does not name another one.
+pub const DEFAULT_DRIVER: &str = "libcuda.so.1";
+/// The environment variable naming the driver library to load instead of [`DEFAULT_DRIVER`]
+/// (the tests' stand-in driver, or a driver outside the loader's path).
+pub const DRIVER_ENV: &str = "TERN_CUDA_DRIVER";
+
+macro_rules! entry_points {
+    ($( $field:ident = $symbol:literal : fn($($arg:ty),*); )*) => {
+        /// The driver's entry points, resolved once when the library is loaded.
+        pub(crate) struct Api {
+            $( pub(crate) $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
+        }
+
+        impl Api {
+            fn resolve(library: &libloading::Library, path: &str) -> Result<Self, CudaError> {
+                Ok(Self {
+                    $( $field: {
+                        // SAFETY: the type is the entry point's C prototype as the CUDA
+                        // Driver API reference (cuda.h) declares it for this versioned
+                        // symbol name; the pointer is kept with the library, which is never
+                        // unloaded (`Driver` lives for the rest of the process).
+                        let symbol = unsafe {
+                            library.get::<unsafe extern "C" fn($($arg),*) -> CuResult>(
+                                concat!($symbol, "\0").as_bytes(),
+                            )
+                        };
+                        *symbol.map_err(|e| CudaError::SymbolMissing {
+                            symbol: $symbol,
+                            library: path.to_owned(),
+                            reason: e.to_string(),
+                        })?
+                    }, )*
+                })
+            }
+        }
+    };
+}
+
+entry_points! {
+    init = "cuInit": fn(c_uint);
+    driver_get_version = "cuDriverGetVersion": fn(*mut c_int);
+    get_error_name = "cuGetErrorName": fn(CuResult, *mut *const c_char);
+    device_get_count = "cuDeviceGetCount": fn(*mut c_int);
+    device_get = "cuDeviceGet": fn(*mut CuDevice, c_int);
+    primary_ctx_retain = "cuDevicePrimaryCtxRetain": fn(*mut CuContext, CuDevice);
+    ctx_push_current = "cuCtxPushCurrent_v2": fn(CuContext);
+    ctx_pop_current = "cuCtxPopCurrent_v2": fn(*mut CuContext);
+    pointer_get_attribute = "cuPointerGetAttribute": fn(*mut c_void, c_int, CuDevicePtr);
+    mem_get_address_range = "cuMemGetAddressRange_v2":
+        fn(*mut CuDevicePtr, *mut usize, CuDevicePtr);
+    mem_alloc = "cuMemAlloc_v2": fn(*mut CuDevicePtr, usize);
+    mem_free = "cuMemFree_v2": fn(CuDevicePtr);
+    mem_host_alloc = "cuMemHostAlloc": fn(*mut *mut c_void, usize, c_uint);
+    mem_free_host = "cuMemFreeHost": fn(*mut c_void);
+    memcpy_dtoh = "cuMemcpyDtoH_v2": fn(*mut c_void, CuDevicePtr, usize);
+    memcpy_htod = "cuMemcpyHtoD_v2": fn(CuDevicePtr, *const c_void, usize);
+    memcpy_dtod = "cuMemcpyDtoD_v2": fn(CuDevicePtr, CuDevicePtr, usize);
+    memcpy_dtoh_async = "cuMemcpyDtoHAsync_v2": fn(*mut c_void, CuDevicePtr, usize, CuStream);
+    memcpy_htod_async = "cuMemcpyHtoDAsync_v2": fn(CuDevicePtr, *const c_void, usize, CuStream);
+    stream_create = "cuStreamCreate": fn(*mut CuStream, c_uint);
+    stream_synchronize = "cuStreamSynchronize": fn(CuStream);
+    stream_destroy = "cuStreamDestroy_v2": fn(CuStream);
+    event_create = "cuEventCreate": fn(*mut CuEvent, c_uint);
+    event_record = "cuEventRecord": fn(CuEvent, CuStream);
+    event_synchronize = "cuEventSynchronize": fn(CuEvent);
+    event_destroy = "cuEventDestroy_v2": fn(CuEvent);
+}
+
+/// A loaded CUDA driver: the library, its entry points and its version. One per process,
+/// loaded on first use and kept until the process ends.
+pub struct Driver {
+    pub(crate) api: Api,
+    path: String,
+    version: i32,
+    pub(crate) devices: Mutex<Vec<Option<&'static crate::Device>>>,
+    _library: libloading::Library,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+static DRIVER: OnceLock<Result<Driver, CudaError>> = OnceLock::new();
+/// The path asked for by [`use_driver`] before the first load.
+static CHOSEN: Mutex<Option<String>> = Mutex::new(None);
+
+/// The process's CUDA driver, loaded on the first call: the library named by
+/// `TERN_CUDA_DRIVER` (or given to [`use_driver`] before), else `libcuda.so.1`. A host without
+/// a driver gets [`CudaError::DriverMissing`] every time, never a panic.
+pub fn driver() -> Result<&'static Driver, CudaError> {
+    DRIVER
+        .get_or_init(|| {
+            let chosen = CHOSEN.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let path = chosen
+                .or_else(|| std::env::var(DRIVER_ENV).ok().filter(|p| !p.is_empty()))
+                .unwrap_or_else(|| DEFAULT_DRIVER.to_owned());
+            Driver::load(&path)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Whether a driver is loaded already, without loading one.
+pub fn loaded() -> Option<&'static Driver> {
+    DRIVER.get().and_then(|d| d.as_ref().ok())
+}
+
+/// Names the library [`driver`] loads, before it first does (tests load the stand-in driver
+/// this way). Fails with [`CudaError::DriverChosen`] once a different library was loaded or
+/// tried.
+pub fn use_driver(path: &str) -> Result<&'static Driver, CudaError> {
+    *CHOSEN.lock().unwrap_or_else(|p| p.into_inner()) = Some(path.to_owned());
+    let driver = driver();
+    let loaded_from = match DRIVER.get() {
+        Some(Ok(d)) => d.path.clone(),
+        Some(Err(CudaError::DriverMissing { library, .. })) => library.clone(),
+        _ => String::new(),
+    };
+    if loaded_from != path {
+        return Err(CudaError::DriverChosen {
+            wanted: path.to_owned(),
+            loaded: loaded_from,
+        });
+    }
+    driver
+}
+
+impl Driver {
+    fn load(path: &str) -> Result<Self, CudaError> {
+        // SAFETY: loading runs the library's initialisers. The CUDA driver library is made to
+        // be loaded into any process (the CUDA Driver API is a C library with no documented
+        // preconditions on loading; cuInit is the first call its reference requires), and it
+        // is never unloaded (this `Driver` is kept for the rest of the process), so no symbol
+        // taken from it outlives it.
+        let library =
+            unsafe { libloading::Library::new(path) }.map_err(|e| CudaError::DriverMissing {
+                library: path.to_owned(),
+                reason: e.to_string(),
+            })?;
+        let api = Api::resolve(&library, path)?;
+        let mut driver = Self {
+            api,
+            path: path.to_owned(),
+            version: 0,
+            devices: Mutex::new(Vec::new()),
+            _library: library,
+        };
+        // SAFETY: cuInit takes flags, which must be 0 (Driver API reference, cuInit).
+        driver.check("cuInit", unsafe { (driver.api.init)(0) })?;
+        let mut version = 0;
+        // SAFETY: cuDriverGetVersion writes one int through the pointer, which is valid.
+        driver.check("cuDriverGetVersion", unsafe {
+            (driver.api.driver_get_version)(&mut version)
+        })?;
+        driver.version = version;
+        let mut count = 0;
+        // SAFETY: cuDeviceGetCount writes one int through the pointer, which is valid.
+        driver.check("cuDeviceGetCount", unsafe {
+            (driver.api.device_get_count)(&mut count)
+        })?;
+        driver.devices = Mutex::new(vec![None; usize::try_from(count).unwrap_or(0)]);
+        tracing::debug!(path, version, devices = count, "CUDA driver loaded");
+        Ok(driver)
+    }
+
+    /// The library it was loaded from.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The driver's CUDA version, as `cuDriverGetVersion` gives it (12080 for 12.8).
+    pub fn version(&self) -> i32 {
+        self.version
+    }
+
+    /// How many devices the driver sees.
+    pub fn device_count(&self) -> usize {
+        self.devices.lock().map_or(0, |d| d.len())
+    }
+
+    /// `Ok` for `CUDA_SUCCESS`, else the call's typed error with the driver's name for it.
+    pub(crate) fn check(&self, call: &'static str, code: CuResult) -> Result<(), CudaError> {
+        if code == 0 {
+            return Ok(());
+        }
+        let mut name: *const c_char = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a pointer to a static NUL-terminated string, or
+        // leaves it and returns an error for an unknown code (Driver API reference).
+        let named = unsafe { (self.api.get_error_name)(code, &mut name) } == 0 && !name.is_null();
+        let name = if named {
+            // SAFETY: the driver documents the string as static and NUL-terminated.
+            unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned()
+        } else {
+            format!("CUresult {code}")
+        };
+        Err(CudaError::Call { call, code, name })
+    }
+}

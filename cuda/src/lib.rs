@@ -1,0 +1,27 @@
+//! The CUDA driver API, for Tern.
+//!
+//! This is the only crate that calls the CUDA driver, as `tern-verbs` is for libibverbs. The
+//! driver is loaded at run time (`libcuda.so.1`, or the library `TERN_CUDA_DRIVER` names), so
+//! building and testing need no CUDA toolkit, no GPU and no driver; a host without one gets
+//! [`CudaError::DriverMissing`] from [`driver`], never a panic. It offers what a transfer
+//! engine needs and nothing more: what kind of memory an address is ([`memory_kind`]), a
+//! device's primary context made current for the length of a call ([`Device::enter`]), so
+//! threads with no context work and no call creates a context; copies between host and device
+//! memory, synchronous or ordered on a [`Stream`] and fenced by [`Event`]s; pinned host memory
+//! to stage through ([`PinnedBuffer`]); and device allocations for tests and benchmarks
+//! ([`DeviceBuffer`]).
+//!
+//! It must not know about regions, transports or the engine: `tern-memreg` decides which
+//! memory is copied where. Every `unsafe` block cites the Driver API reference's guarantee
+//! it rests on; the copy functions over raw device addresses are themselves `unsafe`, and
+//! `tern-memreg` calls them only on ranges of registered device memory it checked.
+
+mod device;
+mod driver;
+mod error;
+mod memory;
+
+pub use device::{Current, Device, MemoryKind, memory_kind, memory_kind_loading};
+pub use driver::{DEFAULT_DRIVER, DRIVER_ENV, Driver, driver, loaded, use_driver};
+pub use error::CudaError;
+pub use memory::{DeviceBuffer, Event, PinnedBuffer, Stream};

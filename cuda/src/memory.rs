@@ -1,0 +1,379 @@
+//! Copies between host and device, streams and events to order them, pinned host memory to
+//! stage through, and owned device allocations.
+
+use std::ffi::c_void;
+
+use crate::device::Device;
+use crate::driver::{
+    CuDevicePtr, CuEvent, CuStream, EVENT_DISABLE_TIMING, MEMHOSTALLOC_PORTABLE,
+    STREAM_NON_BLOCKING,
+};
+use crate::error::CudaError;
+
+impl Device {
+    /// Copies `len` bytes of device memory at `src` to host memory at `dst`, synchronously.
+    ///
+    /// # Safety
+    ///
+    /// `[src, src + len)` must be memory of this device that stays allocated during the call,
+    /// and `[dst, dst + len)` host memory valid for writes that nothing else reads or writes
+    /// meanwhile.
+    pub unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize) -> Result<(), CudaError> {
+        let _current = self.enter()?;
+        // SAFETY: the caller guarantees both ranges (cuMemcpyDtoH writes exactly `len` bytes
+        // at `dst` and reads `len` at `src`; it returns once the copy is done).
+        let code = unsafe { (self.driver.api.memcpy_dtoh)(dst.cast::<c_void>(), src, len) };
+        self.driver.check("cuMemcpyDtoH", code)
+    }
+
+    /// Copies `len` bytes of host memory at `src` to device memory at `dst`, synchronously.
+    ///
+    /// # Safety
+    ///
+    /// `[dst, dst + len)` must be memory of this device that stays allocated during the call
+    /// and that the caller may write, and `[src, src + len)` host memory valid for reads.
+    pub unsafe fn copy_from_host(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        let _current = self.enter()?;
+        // SAFETY: the caller guarantees both ranges; cuMemcpyHtoD is synchronous for pageable
+        // and pinned sources alike (Driver API, "API synchronization behavior").
+        let code = unsafe { (self.driver.api.memcpy_htod)(dst, src.cast::<c_void>(), len) };
+        self.driver.check("cuMemcpyHtoD", code)
+    }
+
+    /// Copies `len` bytes between two ranges of device memory, synchronously.
+    ///
+    /// # Safety
+    ///
+    /// Both ranges must be device memory that stays allocated during the call; the caller may
+    /// write `[dst, dst + len)`.
+    pub unsafe fn copy_device(&self, dst: u64, src: u64, len: usize) -> Result<(), CudaError> {
+        let _current = self.enter()?;
+        // SAFETY: the caller guarantees both ranges.
+        let code = unsafe { (self.driver.api.memcpy_dtod)(dst, src, len) };
+        self.driver.check("cuMemcpyDtoD", code)?;
+        // cuMemcpyDtoD may return before the copy is done (Driver API, "API synchronization
+        // behavior": device-to-device copies are asynchronous to the host).
+        self.synchronize_default()
+    }
+
+    fn synchronize_default(&self) -> Result<(), CudaError> {
+        // SAFETY: the null stream is the legacy default stream of the current context, which
+        // `copy_device` made current.
+        let code = unsafe { (self.driver.api.stream_synchronize)(std::ptr::null_mut()) };
+        self.driver.check("cuStreamSynchronize", code)
+    }
+
+    /// The whole allocation holding `addr`: its base and length (`cuMemGetAddressRange`).
+    pub fn allocation_of(&self, addr: u64) -> Result<(u64, usize), CudaError> {
+        let _current = self.enter()?;
+        let (mut base, mut len): (CuDevicePtr, usize) = (0, 0);
+        // SAFETY: writes one CUdeviceptr and one size_t; reads no memory at `addr`.
+        let code = unsafe { (self.driver.api.mem_get_address_range)(&mut base, &mut len, addr) };
+        self.driver.check("cuMemGetAddressRange", code)?;
+        Ok((base, len))
+    }
+
+    /// Allocates `len` bytes of this device's memory (`cuMemAlloc`), freed on drop.
+    pub fn allocate(&'static self, len: usize) -> Result<DeviceBuffer, CudaError> {
+        let _current = self.enter()?;
+        let mut addr: CuDevicePtr = 0;
+        // SAFETY: writes one CUdeviceptr.
+        let code = unsafe { (self.driver.api.mem_alloc)(&mut addr, len) };
+        self.driver.check("cuMemAlloc", code)?;
+        Ok(DeviceBuffer {
+            device: self,
+            addr,
+            len,
+        })
+    }
+}
+
+/// Device memory Tern allocated; freed when dropped.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    device: &'static Device,
+    addr: u64,
+    len: usize,
+}
+
+impl DeviceBuffer {
+    /// Its device address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its device.
+    pub fn device(&self) -> &'static Device {
+        self.device
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<u64, CudaError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.addr + offset as u64),
+            _ => Err(CudaError::Call {
+                call: "DeviceBuffer range",
+                code: 1,
+                name: format!("[{offset}, +{len}) outside {} bytes", self.len),
+            }),
+        }
+    }
+
+    /// Copies `data` into the buffer at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), CudaError> {
+        let dst = self.check(offset, data.len())?;
+        // SAFETY: `[dst, +len)` lies in this live allocation (checked); `data` is a borrow.
+        unsafe { self.device.copy_from_host(dst, data.as_ptr(), data.len()) }
+    }
+
+    /// Copies the bytes at `offset` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), CudaError> {
+        let src = self.check(offset, out.len())?;
+        // SAFETY: `[src, +len)` lies in this live allocation (checked); `out` is an
+        // exclusive borrow.
+        unsafe { self.device.copy_to_host(out.as_mut_ptr(), src, out.len()) }
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let Ok(_current) = self.device.enter() else {
+            return;
+        };
+        // SAFETY: the address came from cuMemAlloc and is freed once, here.
+        let code = unsafe { (self.device.driver.api.mem_free)(self.addr) };
+        if let Err(e) = self.device.driver.check("cuMemFree", code) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// A stream of the device: copies enqueued on it run in order, asynchronously to the host.
+#[derive(Debug)]
+pub struct Stream {
+    device: &'static Device,
+    raw: CuStream,
+}
+
+// SAFETY: a CUstream may be used from any thread whose current context is its own, which
+// every method makes sure of (`Device::enter`); the Driver API is thread-safe.
+unsafe impl Send for Stream {}
+
+impl Stream {
+    /// A new non-blocking stream on `device`.
+    pub fn new(device: &'static Device) -> Result<Self, CudaError> {
+        let _current = device.enter()?;
+        let mut raw: CuStream = std::ptr::null_mut();
+        // SAFETY: writes one CUstream; the flags are documented values.
+        let code = unsafe { (device.driver.api.stream_create)(&mut raw, STREAM_NON_BLOCKING) };
+        device.driver.check("cuStreamCreate", code)?;
+        Ok(Self { device, raw })
+    }
+
+    /// Its device.
+    pub fn device(&self) -> &'static Device {
+        self.device
+    }
+
+    /// Enqueues a copy of `len` device bytes at `src` into host memory at `dst`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Device::copy_to_host`], and `dst` must stay valid and untouched by anyone else
+    /// until an event recorded after this copy has completed (or the stream is
+    /// synchronized). `dst` should be pinned ([`PinnedBuffer`]) for the copy to be
+    /// asynchronous.
+    pub unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize) -> Result<(), CudaError> {
+        let _current = self.device.enter()?;
+        // SAFETY: the caller guarantees the ranges for the copy's whole duration.
+        let code = unsafe {
+            (self.device.driver.api.memcpy_dtoh_async)(dst.cast::<c_void>(), src, len, self.raw)
+        };
+        self.device.driver.check("cuMemcpyDtoHAsync", code)
+    }
+
+    /// Enqueues a copy of `len` host bytes at `src` into device memory at `dst`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Device::copy_from_host`], and `src` must stay valid and unwritten until an event
+    /// recorded after this copy has completed (or the stream is synchronized).
+    pub unsafe fn copy_from_host(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        let _current = self.device.enter()?;
+        // SAFETY: the caller guarantees the ranges for the copy's whole duration.
+        let code = unsafe {
+            (self.device.driver.api.memcpy_htod_async)(dst, src.cast::<c_void>(), len, self.raw)
+        };
+        self.device.driver.check("cuMemcpyHtoDAsync", code)
+    }
+
+    /// Records `event` after everything enqueued so far.
+    pub fn record(&self, event: &Event) -> Result<(), CudaError> {
+        let _current = self.device.enter()?;
+        // SAFETY: both handles are live and of this device's context.
+        let code = unsafe { (self.device.driver.api.event_record)(event.raw, self.raw) };
+        self.device.driver.check("cuEventRecord", code)
+    }
+
+    /// Waits until everything enqueued so far is done.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        let _current = self.device.enter()?;
+        // SAFETY: the stream is live.
+        let code = unsafe { (self.device.driver.api.stream_synchronize)(self.raw) };
+        self.device.driver.check("cuStreamSynchronize", code)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Err(e) = self.synchronize() {
+            tracing::warn!("{e}");
+        }
+        let Ok(_current) = self.device.enter() else {
+            return;
+        };
+        // SAFETY: the stream is live, idle (synchronized above) and destroyed once, here.
+        let code = unsafe { (self.device.driver.api.stream_destroy)(self.raw) };
+        if let Err(e) = self.device.driver.check("cuStreamDestroy", code) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// A point in a stream to wait for.
+#[derive(Debug)]
+pub struct Event {
+    device: &'static Device,
+    raw: CuEvent,
+}
+
+// SAFETY: events may be recorded and waited for from any thread (Driver API is thread-safe;
+// each call makes the event's context current).
+unsafe impl Send for Event {}
+
+impl Event {
+    /// A new event on `device` (no timing: a fence only).
+    pub fn new(device: &'static Device) -> Result<Self, CudaError> {
+        let _current = device.enter()?;
+        let mut raw: CuEvent = std::ptr::null_mut();
+        // SAFETY: writes one CUevent; the flag is a documented value.
+        let code = unsafe { (device.driver.api.event_create)(&mut raw, EVENT_DISABLE_TIMING) };
+        device.driver.check("cuEventCreate", code)?;
+        Ok(Self { device, raw })
+    }
+
+    /// Waits until the work before the event's last record is done (at once if never
+    /// recorded: cuEventSynchronize on an unrecorded event returns success).
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        let _current = self.device.enter()?;
+        // SAFETY: the event is live.
+        let code = unsafe { (self.device.driver.api.event_synchronize)(self.raw) };
+        self.device.driver.check("cuEventSynchronize", code)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let Ok(_current) = self.device.enter() else {
+            return;
+        };
+        // SAFETY: the event is live and destroyed once, here (cuEventDestroy may be called
+        // while recorded work is pending; its resources go once the work is done).
+        let code = unsafe { (self.device.driver.api.event_destroy)(self.raw) };
+        if let Err(e) = self.device.driver.check("cuEventDestroy", code) {
+            tracing::warn!("{e}");
+        }
+    }
+}
+
+/// Page-locked host memory (`cuMemHostAlloc`), which the device's copy engines reach
+/// directly, so copies to and from it run asynchronously and at full speed.
+#[derive(Debug)]
+pub struct PinnedBuffer {
+    device: &'static Device,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain host memory owned by this value; it moves between threads as
+// a Vec does.
+unsafe impl Send for PinnedBuffer {}
+
+impl PinnedBuffer {
+    /// `len` bytes of pinned memory, zeroed, usable by every context (portable).
+    pub fn new(device: &'static Device, len: usize) -> Result<Self, CudaError> {
+        let _current = device.enter()?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: writes one pointer to `len` bytes of host memory owned by the caller until
+        // cuMemFreeHost.
+        let code = unsafe {
+            (device.driver.api.mem_host_alloc)(&mut ptr, len.max(1), MEMHOSTALLOC_PORTABLE)
+        };
+        device.driver.check("cuMemHostAlloc", code)?;
+        let ptr = ptr.cast::<u8>();
+        // SAFETY: the allocation holds `len` writable bytes; nothing else knows it yet.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(Self { device, ptr, len })
+    }
+
+    /// Its length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its first byte, for asynchronous copies (whose callers keep the buffer untouched
+    /// until the copy is done).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// Its bytes. The exclusive borrow of `self` for an asynchronous copy's pointer ended
+    /// before this borrow began; the copy's caller waited for it to finish before reading.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `len` initialised bytes (zeroed at allocation) owned by this value.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// Its bytes, to fill.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `bytes`, exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        let Ok(_current) = self.device.enter() else {
+            return;
+        };
+        // SAFETY: the pointer came from cuMemHostAlloc and is freed once, here.
+        let code = unsafe { (self.device.driver.api.mem_free_host)(self.ptr.cast::<c_void>()) };
+        if let Err(e) = self.device.driver.check("cuMemFreeHost", code) {
+            tracing::warn!("{e}");
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The stand-in CUDA driver (`tern-cuda-standin`), for tests of device memory on machines
+//! without a GPU.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// The file name cargo gives the stand-in's shared library.
+pub const STANDIN_FILE: &str = "libtern_cuda_standin.so";
+
+static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// The path of the stand-in driver library beside the running test binary's build (in
+/// `target/<profile>/`), built first with cargo if it is not there yet. Panics with the
+/// reason when it cannot be built: a test that needs it cannot go on.
+pub fn standin_driver() -> PathBuf {
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(path) = built.as_ref() {
+        return path.clone();
+    }
+    let profile_dir = profile_dir();
+    let path = profile_dir.join(STANDIN_FILE);
+    if !path.exists() {
+        build(&profile_dir);
+    }
+    assert!(path.exists(), "no stand-in driver at {}", path.display());
+    *built = Some(path.clone());
+    path
+}
+
+/// `target/<profile>`: the test binary lives in its `deps/`.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let deps = exe.parent().expect("the test binary's folder");
+    let dir = if deps.file_name().is_some_and(|n| n == "deps") {
+        deps.parent().unwrap_or(deps)
+    } else {
+        deps
+    };
+    dir.to_path_buf()
+}
+
+fn build(profile_dir: &Path) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.args(["build", "--quiet", "-p", "tern-cuda-standin"]);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        command.arg("--release");
+    }
+    if let Some(target) = profile_dir.parent() {
+        command.arg("--target-dir").arg(target);
+    }
+    let status = command
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("cargo, to build the stand-in CUDA driver");
+    assert!(
+        status.success(),
+        "building tern-cuda-standin failed: {status}"
+    );
+}
