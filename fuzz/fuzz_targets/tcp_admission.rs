@@ -120,7 +120,12 @@ tern_fuzz::target!(|data| {
         let admitted = (op == OP_READ || op == OP_WRITE) && inside(fx.open, addr, size);
         let body = conn.inner.input.get(..size).map(<[u8]>::to_vec);
         let (sent_before, left_before) = (conn.inner.output.len(), conn.inner.input.len());
-        let served = serve_request(&mut conn, &header, &fx.registry, &mut tern_memreg::Stage::new());
+        let served = serve_request(
+            &mut conn,
+            &header,
+            &fx.registry,
+            &mut tern_memreg::Stage::new(),
+        );
         let sent = &conn.inner.output[sent_before..];
         let status = |s: Status| s.encode_padded()[..header.status_len()].to_vec();
         match (admitted, op) {
