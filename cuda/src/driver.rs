@@ -17,6 +17,83 @@ pub(crate) type CuStream = *mut c_void;
 pub(crate) type CuEvent = *mut c_void;
 /// A device address (`CUdeviceptr`).
 pub(crate) type CuDevicePtr = u64;
+/// A handle of physical device memory (`CUmemGenericAllocationHandle`).
+pub(crate) type CuMemHandle = u64;
+
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IpcMemHandle {
+    pub(crate) reserved: [u8; IPC_HANDLE_LEN],
+}
+
+/// Bytes of a `CUipcMemHandle` (`CU_IPC_HANDLE_SIZE`).
+pub const IPC_HANDLE_LEN: usize = 64;
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct MemLocation {
+    /// `CUmemLocationType`: 1 is `CU_MEM_LOCATION_TYPE_DEVICE`.
+    pub(crate) kind: c_int,
+    /// The device ordinal.
+    pub(crate) id: c_int,
+}
+
+/// `CUmemAllocationProp`, as cuda.h lays it out.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AllocationProp {
+    /// `CUmemAllocationType`: 1 is `CU_MEM_ALLOCATION_TYPE_PINNED`.
+    pub(crate) kind: c_int,
+    /// `CUmemAllocationHandleType` bits the allocation may be exported as.
+    pub(crate) requested_handle_types: c_int,
+    pub(crate) location: MemLocation,
+    pub(crate) win32_handle_meta_data: *mut c_void,
+    /// `allocFlags`: compression type, GPUDirect RDMA capable, usage, reserved.
+    pub(crate) alloc_flags: [u8; 8],
+}
+
+impl Default for AllocationProp {
+    fn default() -> Self {
+        Self {
+            kind: 0,
+            requested_handle_types: 0,
+            location: MemLocation::default(),
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: [0; 8],
+        }
+    }
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AccessDesc {
+    pub(crate) location: MemLocation,
+    /// `CUmemAccess_flags`: 3 is `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+    pub(crate) flags: c_int,
+}
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub(crate) const MEM_LOCATION_DEVICE: c_int = 1;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub(crate) const MEM_ALLOCATION_PINNED: c_int = 1;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub(crate) const MEM_HANDLE_POSIX_FD: c_int = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub(crate) const MEM_ACCESS_READWRITE: c_int = 3;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
+pub(crate) const MEM_GRANULARITY_MINIMUM: c_int = 0;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`.
+pub(crate) const IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+/// `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`: 1 for `cuMemAlloc` memory.
+pub(crate) const POINTER_ATTRIBUTE_IS_LEGACY_IPC_CAPABLE: c_int = 10;
+/// `CU_POINTER_ATTRIBUTE_MAPPING_SIZE`: the size of the mapping (`cuMemMap`) holding the
+/// address.
+pub(crate) const POINTER_ATTRIBUTE_MAPPING_SIZE: c_int = 18;
+/// `CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR`: the start of that mapping.
+pub(crate) const POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: c_int = 19;
 
 /// `CUDA_ERROR_INVALID_VALUE`: what `cuPointerGetAttribute` answers for memory CUDA does not
 /// know (CUDA Driver API, cuPointerGetAttribute: "If ptr was not allocated by, mapped by, or
@@ -102,6 +179,28 @@ entry_points! {
     event_record = "cuEventRecord": fn(CuEvent, CuStream);
     event_synchronize = "cuEventSynchronize": fn(CuEvent);
     event_destroy = "cuEventDestroy_v2": fn(CuEvent);
+    memcpy = "cuMemcpy": fn(CuDevicePtr, CuDevicePtr, usize);
+    device_get_pci_bus_id = "cuDeviceGetPCIBusId": fn(*mut c_char, c_int, CuDevice);
+    device_get_by_pci_bus_id = "cuDeviceGetByPCIBusId": fn(*mut CuDevice, *const c_char);
+    ipc_get_mem_handle = "cuIpcGetMemHandle": fn(*mut IpcMemHandle, CuDevicePtr);
+    ipc_open_mem_handle = "cuIpcOpenMemHandle_v2": fn(*mut CuDevicePtr, IpcMemHandle, c_uint);
+    ipc_close_mem_handle = "cuIpcCloseMemHandle": fn(CuDevicePtr);
+    mem_create = "cuMemCreate": fn(*mut CuMemHandle, usize, *const AllocationProp, u64);
+    mem_release = "cuMemRelease": fn(CuMemHandle);
+    mem_get_allocation_granularity = "cuMemGetAllocationGranularity":
+        fn(*mut usize, *const AllocationProp, c_int);
+    mem_retain_allocation_handle = "cuMemRetainAllocationHandle":
+        fn(*mut CuMemHandle, *mut c_void);
+    mem_export_to_shareable_handle = "cuMemExportToShareableHandle":
+        fn(*mut c_void, CuMemHandle, c_int, u64);
+    mem_import_from_shareable_handle = "cuMemImportFromShareableHandle":
+        fn(*mut CuMemHandle, *mut c_void, c_int);
+    mem_address_reserve = "cuMemAddressReserve":
+        fn(*mut CuDevicePtr, usize, usize, CuDevicePtr, u64);
+    mem_address_free = "cuMemAddressFree": fn(CuDevicePtr, usize);
+    mem_map = "cuMemMap": fn(CuDevicePtr, usize, usize, CuMemHandle, u64);
+    mem_unmap = "cuMemUnmap": fn(CuDevicePtr, usize);
+    mem_set_access = "cuMemSetAccess": fn(CuDevicePtr, usize, *const AccessDesc, usize);
 }
 
 /// A loaded CUDA driver: the library, its entry points and its version. One per process,

@@ -8,8 +8,10 @@
 //! device's primary context made current for the length of a call ([`Device::enter`]), so
 //! threads with no context work and no call creates a context; copies between host and device
 //! memory, synchronous or ordered on a [`Stream`] and fenced by [`Event`]s; pinned host memory
-//! to stage through ([`PinnedBuffer`]); and device allocations for tests and benchmarks
-//! ([`DeviceBuffer`]).
+//! to stage through ([`PinnedBuffer`]); device memory shared with other processes of the host
+//! by CUDA IPC handles or, for VMM memory, POSIX file descriptors of its chunks
+//! ([`Device::share`], [`Device::open_ipc`], [`Device::map_shared`]); and device allocations
+//! for tests and benchmarks ([`DeviceBuffer`], [`ChunkedBuffer`]).
 //!
 //! It must not know about regions, transports or the engine: `tern-memreg` decides which
 //! memory is copied where. Every `unsafe` block cites the Driver API reference's guarantee
@@ -20,8 +22,11 @@ mod device;
 mod driver;
 mod error;
 mod memory;
+mod share;
 
 pub use device::{Current, Device, MemoryKind, memory_kind, memory_kind_loading};
+pub use driver::IPC_HANDLE_LEN;
 pub use driver::{DEFAULT_DRIVER, DRIVER_ENV, Driver, driver, loaded, use_driver};
 pub use error::CudaError;
 pub use memory::{DeviceBuffer, Event, PinnedBuffer, Stream};
+pub use share::{ChunkReach, ChunkedBuffer, PeerMemory, SharedChunk};

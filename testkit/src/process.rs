@@ -50,3 +50,86 @@ fn all_threads_stopped(pid: u32) -> bool {
                 .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
         })
 }
+
+/// This test binary run again as a child process, to serve one test (named `test`, run with
+/// `env_var` set, which that test checks so a run of the whole suite passes it by): its
+/// stdout comes line by line through a channel (a child that hangs fails the test, it does
+/// not hang it), its stdin takes commands, and it is killed and reaped when dropped.
+pub struct SelfChild {
+    child: std::process::Child,
+    to_child: Option<std::process::ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl SelfChild {
+    /// Starts the child.
+    pub fn start(test: &str, env_var: &str) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+            .args([test, "--exact", "--nocapture", "--test-threads=1"])
+            .env(env_var, "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("the test binary starts as a child");
+        let from_child = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+        let to_child = child.stdin.take();
+        let (line_tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in from_child.lines().map_while(Result::ok) {
+                if line_tx.send(line.trim().to_owned()).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            child,
+            to_child,
+            lines,
+        }
+    }
+
+    /// Its process ID.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next line it prints that starts with `prefix`, without the prefix (panics after
+    /// 120 s of silence, or when it exited).
+    pub fn next(&self, prefix: &str) -> String {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the child said nothing in 120 s, or exited");
+            if let Some(rest) = line.strip_prefix(prefix) {
+                return rest.to_owned();
+            }
+        }
+    }
+
+    /// Sends `command` as a line.
+    pub fn send(&mut self, command: &str) {
+        use std::io::Write;
+        let to_child = self.to_child.as_mut().expect("the child's stdin is open");
+        writeln!(to_child, "{command}").expect("the child reads its stdin");
+    }
+
+    /// Sends `command` and returns the next line starting with `answer`, without it.
+    pub fn ask(&mut self, command: &str, answer: &str) -> String {
+        self.send(command);
+        self.next(answer)
+    }
+
+    /// Closes its stdin (a child serving until then ends).
+    pub fn close_stdin(&mut self) {
+        self.to_child.take();
+    }
+}
+
+impl Drop for SelfChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -8,8 +8,10 @@
 //! transport. One that is not there at all, and whose handshake RPC does not answer either,
 //! is gone: its slices fail with `Connection`.
 //!
-//! Memfd buffers are mapped once and copied with one `memcpy` per slice. Any other buffer is
-//! reached by cross-memory attach under a lease: the owner pins the ranges first. A peer
+//! Memfd buffers are mapped once and copied with one `memcpy` per slice. Device buffers are
+//! mapped chunk by chunk (CUDA IPC handles, or VMM descriptors) and copied by the GPU, never
+//! the CPU; a slice that spans chunks maps and copies each. Any other buffer is reached by
+//! cross-memory attach under a lease: the owner pins the ranges first. A peer
 //! that revokes a buffer (it unregisters it) has it unmapped before it is told that no copy
 //! runs into it; a peer that leaves has everything of it unmapped, and its later slices fail.
 
@@ -35,7 +37,9 @@ use tern_metadata::rpc::RpcType;
 
 use crate::identity::{Extension, VERSION, check_socket_name};
 use crate::server::lock;
-use crate::wire::{self, Frame, FrameReader, MAGIC, MAX_LEASE_RANGES, NONCE_LEN, Opened};
+use crate::wire::{
+    self, DeviceChunk, Frame, FrameReader, MAGIC, MAX_LEASE_RANGES, NONCE_LEN, Opened,
+};
 
 /// Most bytes one copy through a mapping moves before it checks that its task is still live.
 const COPY_PIECE: usize = 4 << 20;
@@ -83,6 +87,30 @@ impl Mapped {
     }
 }
 
+/// A chunk of a peer's device buffer, mapped into this process.
+#[derive(Debug)]
+struct DeviceMapped {
+    /// Start of the registered buffer it belongs to in the peer (revocations name it).
+    buffer: u64,
+    /// The chunk's start in the peer.
+    base: u64,
+    /// Its length.
+    len: u64,
+    /// The mapping until revoked or the peer left, then `None` (copies hold the read side,
+    /// as for [`Mapped`]).
+    live: RwLock<Option<tern_cuda::PeerMemory>>,
+}
+
+impl DeviceMapped {
+    fn holds(&self, addr: u64) -> bool {
+        addr >= self.base && addr - self.base < self.len
+    }
+
+    fn unmap(&self) {
+        self.live.write().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
 /// What a request's waiter is told, decided by the reader thread in the order the frames
 /// came (so a revocation that follows an open always finds its mapping).
 #[derive(Debug)]
@@ -95,6 +123,8 @@ enum Reply {
     /// The peer's buffer is memory this transport does not carry: this slice goes to the
     /// next transport; the link stays good for other buffers.
     Declined(String),
+    /// The peer's device buffer: its chunks are mapped.
+    Device,
     Leased(Vec<bool>),
 }
 
@@ -135,6 +165,8 @@ pub(crate) struct Link {
     next_id: AtomicU64,
     alive: AtomicBool,
     maps: RwLock<Vec<Arc<Mapped>>>,
+    /// Chunks of the peer's device buffers mapped here, in no order.
+    device_maps: RwLock<Vec<Arc<DeviceMapped>>>,
     /// Buffers of the peer known not to be memfds: `(addr, len)`.
     plain: Mutex<Vec<(u64, u64)>>,
     /// How plain buffers of the peer are reached.
@@ -146,35 +178,44 @@ pub(crate) struct Link {
     io_timeout: Duration,
     /// Bytes and slices moved with the peer (any copy thread may add).
     moved: SharedMovedCounter,
-    /// Buffers of the peer this transport does not carry (device memory): `(addr, len)`.
-    declined: Mutex<Vec<(u64, u64)>>,
+    /// Buffers of the peer this transport does not carry (device memory it cannot map or
+    /// the peer cannot share): `(addr, len)`, and why.
+    declined: Mutex<Vec<(u64, u64, &'static str)>>,
     /// The transport's tally of device-memory declines.
     device_declines: Arc<DeviceDeclines>,
 }
 
-/// Slices declined because their memory (local or the peer's) is device memory, which this
-/// transport does not carry yet: the next transport (TCP) stages it instead, and the stats
-/// say so.
+/// Slices of device memory declined to the next transport (TCP, which stages it), counted
+/// by why, so the stats show a slow path taken instead of hiding it.
 #[derive(Debug, Default)]
 pub(crate) struct DeviceDeclines {
-    slices: AtomicU64,
-    bytes: AtomicU64,
+    /// `(reason, slices, bytes)`, one entry per reason (a handful of constants).
+    tally: Mutex<Vec<(&'static str, u64, u64)>>,
 }
 
 impl DeviceDeclines {
-    /// Declines `slice` for the next transport and counts it.
-    pub(crate) fn decline(&self, slice: Slice, why: &str) {
-        self.slices.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(slice.len as u64, Ordering::Relaxed);
-        slice.decline(why);
+    /// Declines `slice` for the next transport and counts it under `reason`; `detail` goes
+    /// into the slice's message only.
+    pub(crate) fn decline(&self, slice: Slice, reason: &'static str, detail: Option<&str>) {
+        {
+            let mut tally = lock(&self.tally);
+            match tally.iter_mut().find(|(r, _, _)| *r == reason) {
+                Some(entry) => {
+                    entry.1 += 1;
+                    entry.2 += slice.len as u64;
+                }
+                None => tally.push((reason, 1, slice.len as u64)),
+            }
+        }
+        match detail {
+            Some(detail) => slice.decline(&format!("{reason}: {detail}")),
+            None => slice.decline(reason),
+        }
     }
 
-    /// Slices and bytes declined so far.
-    pub(crate) fn get(&self) -> (u64, u64) {
-        (
-            self.slices.load(Ordering::Relaxed),
-            self.bytes.load(Ordering::Relaxed),
-        )
+    /// `(reason, slices, bytes)` declined so far.
+    pub(crate) fn get(&self) -> Vec<(&'static str, u64, u64)> {
+        lock(&self.tally).clone()
     }
 }
 
@@ -400,6 +441,7 @@ impl Links {
             next_id: AtomicU64::new(1),
             alive: AtomicBool::new(true),
             maps: RwLock::default(),
+            device_maps: RwLock::default(),
             plain: Mutex::default(),
             attach,
             ended: Mutex::new(None),
@@ -535,11 +577,10 @@ impl Link {
                     }
                 }
                 Ok(Some(Frame::Opened { id, outcome })) => {
-                    let fd = match outcome {
-                        Opened::Memfd { .. } => reader.take_fd(),
-                        _ => None,
-                    };
-                    self.opened(id, outcome, fd);
+                    let fds = (0..outcome.descriptors())
+                        .map_while(|_| reader.take_fd())
+                        .collect();
+                    self.opened(id, outcome, fds);
                 }
                 Ok(Some(Frame::Leased { id, granted })) => {
                     if let Some(pending) = lock(&self.pending).remove(&id) {
@@ -567,6 +608,11 @@ impl Link {
         for mapped in maps {
             mapped.unmap();
         }
+        let chunks =
+            std::mem::take(&mut *self.device_maps.write().unwrap_or_else(|p| p.into_inner()));
+        for chunk in chunks {
+            chunk.unmap();
+        }
         lock(&self.pending).clear();
     }
 
@@ -577,11 +623,18 @@ impl Link {
             drop(maps);
             mapped.unmap();
         }
+        let chunks: Vec<Arc<DeviceMapped>> = self
+            .device_maps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .extract_if(.., |c| c.buffer == addr)
+            .collect();
+        chunks.iter().for_each(|c| c.unmap());
     }
 
     /// Settles an Opened answer: checks it against what was asked and what the peer
     /// published, adopts and maps a memfd, and tells the waiter.
-    fn opened(&self, id: u64, outcome: Opened, fd: Option<OwnedFd>) {
+    fn opened(&self, id: u64, outcome: Opened, mut fds: Vec<OwnedFd>) {
         let Some(Pending {
             reply,
             open: Some(check),
@@ -592,9 +645,24 @@ impl Link {
         let answer = match outcome {
             Opened::Rejected(reason) => Reply::Rejected(reason),
             Opened::Declined { addr, len, reason } => {
-                lock(&self.declined).push((addr, len));
+                lock(&self.declined).push((addr, len, crate::DEVICE_PEER_DECLINED));
                 Reply::Declined(reason)
             }
+            Opened::Device {
+                addr, len, chunks, ..
+            } if !check.admits(addr, len) || chunks.is_empty() => Reply::Refused(format!(
+                "the peer offered device memory [{addr:#x}, +{len}) in {} chunks, which is not \
+                 a buffer it published holding [{:#x}, +{}]",
+                chunks.len(),
+                check.addr,
+                check.len
+            )),
+            Opened::Device {
+                addr,
+                len,
+                bus_id,
+                chunks,
+            } => self.map_device(addr, len, &bus_id, chunks, fds),
             Opened::Plain { addr, len } if check.admits(addr, len) => {
                 lock(&self.plain).push((addr, len));
                 Reply::Plain
@@ -604,7 +672,7 @@ impl Link {
                  holding [{:#x}, +{})",
                 check.addr, check.len
             )),
-            Opened::Memfd { addr, len, map_len } => match fd {
+            Opened::Memfd { addr, len, map_len } => match fds.pop() {
                 None => Reply::Refused("the peer sent a memfd answer without a descriptor".into()),
                 Some(_) if !check.admits(addr, len) || map_len < len => Reply::Refused(format!(
                     "the peer offered a memfd for [{addr:#x}, +{len}) ({map_len} bytes), which \
@@ -657,6 +725,71 @@ impl Link {
         drop(maps);
         superseded.iter().for_each(|m| m.unmap());
         Reply::Mapped(mapped)
+    }
+
+    /// Maps the chunks of the peer's device buffer `addr..addr + len` that this link does
+    /// not hold yet, each with the IPC handle or descriptor it came with. A chunk that does
+    /// not map here (another GPU this process cannot reach, a driver that refuses) makes the
+    /// whole buffer declined to the next transport, remembered for its later slices.
+    fn map_device(
+        &self,
+        addr: u64,
+        len: u64,
+        bus_id: &str,
+        chunks: Vec<DeviceChunk>,
+        fds: Vec<OwnedFd>,
+    ) -> Reply {
+        let mut fds = fds.into_iter();
+        let mut fresh = Vec::new();
+        let mut failure = None;
+        for chunk in chunks {
+            let way = match chunk.ipc {
+                Some(handle) => Ok(handle),
+                None => match fds.next() {
+                    Some(fd) => Err(fd),
+                    None => {
+                        return Reply::Refused(
+                            "the peer sent a device chunk without its descriptor".into(),
+                        );
+                    }
+                },
+            };
+            if chunk.len == 0 || self.device_chunk(chunk.base).is_some() {
+                continue;
+            }
+            let mapped = tern_cuda::Device::by_bus_id(bus_id).and_then(|device| match &way {
+                Ok(handle) => device.open_ipc(handle, chunk.len),
+                Err(fd) => device.map_shared(fd, chunk.len),
+            });
+            match mapped {
+                Ok(memory) => fresh.push(Arc::new(DeviceMapped {
+                    buffer: addr,
+                    base: chunk.base,
+                    len: chunk.len,
+                    live: RwLock::new(Some(memory)),
+                })),
+                Err(e) => {
+                    failure = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        if let Some(why) = failure {
+            tracing::warn!("shm peer {}: {}: {why}", self.peer, crate::DEVICE_UNMAPPED);
+            lock(&self.declined).push((addr, len, crate::DEVICE_UNMAPPED));
+            return Reply::Declined(why);
+        }
+        self.device_maps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(fresh);
+        Reply::Device
+    }
+
+    /// The mapped chunk of a peer's device buffer holding `addr`.
+    fn device_chunk(&self, addr: u64) -> Option<Arc<DeviceMapped>> {
+        let chunks = self.device_maps.read().unwrap_or_else(|p| p.into_inner());
+        chunks.iter().find(|c| c.holds(addr)).cloned()
     }
 
     fn gone(&self) -> TransferError {
@@ -714,10 +847,12 @@ impl Link {
         maps.iter().find(|m| m.contains(addr, len)).cloned()
     }
 
-    fn is_declined(&self, addr: u64, len: u64) -> bool {
+    /// Why the peer's buffer holding the range is declined, if it is.
+    fn declined_why(&self, addr: u64, len: u64) -> Option<&'static str> {
         lock(&self.declined)
             .iter()
-            .any(|&(a, l)| addr >= a && addr.checked_add(len).is_some_and(|e| e <= a + l))
+            .find(|&&(a, l, _)| addr >= a && addr.checked_add(len).is_some_and(|e| e <= a + l))
+            .map(|&(_, _, why)| why)
     }
 
     fn is_plain(&self, addr: u64, len: u64) -> bool {
@@ -792,10 +927,33 @@ impl Link {
     }
 
     /// Moves slices to this peer: through mappings where its buffers are memfds (opening
-    /// them first where needed), else by cross-memory attach under a lease.
+    /// them first where needed), by the GPU where they are device memory, else by
+    /// cross-memory attach under a lease. Local device memory moves only to the peer's device
+    /// memory here (the CPU reaches its host memory); the rest goes to the next transport.
     pub(crate) fn carry(&self, slices: Vec<Slice>) {
+        let slices = match &self.attach {
+            // Another engine of this process: its device memory is this process's too, and
+            // the GPU copies between the two registries directly (IPC handles do not open in
+            // the process that made them).
+            Attach::SameProcess(registry) => {
+                let (device, host): (Vec<Slice>, Vec<Slice>) = slices.into_iter().partition(|s| {
+                    s.local().is_device()
+                        || usize::try_from(s.remote_addr).is_ok_and(|addr| {
+                            registry
+                                .pin_remote(addr, s.len)
+                                .is_ok_and(|pin| pin.is_device())
+                        })
+                });
+                if !device.is_empty() {
+                    self.in_process(registry, device);
+                }
+                host
+            }
+            _ => slices,
+        };
         let mut unknown = Vec::new();
         let mut plain = Vec::new();
+        let mut device = Vec::new();
         let mut rest = slices.into_iter().peekable();
         while let Some(slice) = rest.next() {
             if !slice.is_live() {
@@ -803,7 +961,15 @@ impl Link {
                 continue;
             }
             let (addr, len) = (slice.remote_addr, slice.len as u64);
+            if self.device_chunk(addr).is_some() {
+                device.push(slice);
+                continue;
+            }
+            let local_device = slice.local().is_device();
             match self.mapping(addr, len) {
+                Some(_) | None if local_device && self.is_host(addr, len) => self
+                    .device_declines
+                    .decline(slice, crate::DEVICE_TO_HOST_DECLINED, None),
                 Some(mapped) => self.copy_mapped(&mapped, slice, &mut rest, &mut unknown),
                 None if self.is_plain(addr, len) => plain.push(slice),
                 None => unknown.push(slice),
@@ -813,6 +979,16 @@ impl Link {
         let mut unknown = unknown.into_iter().peekable();
         while let Some(slice) = unknown.next() {
             let (addr, len) = (slice.remote_addr, slice.len as u64);
+            if self.device_chunk(addr).is_some() {
+                device.push(slice);
+                continue;
+            }
+            let local_device = slice.local().is_device();
+            if local_device && self.is_host(addr, len) {
+                self.device_declines
+                    .decline(slice, crate::DEVICE_TO_HOST_DECLINED, None);
+                continue;
+            }
             if let Some(mapped) = self.mapping(addr, len) {
                 // What comes back was revoked between the lookup and the copy: the buffer
                 // is going.
@@ -823,22 +999,114 @@ impl Link {
                 plain.push(slice);
                 continue;
             }
-            if self.is_declined(addr, len) {
-                self.device_declines.decline(slice, crate::DEVICE_DECLINED);
+            if let Some(why) = self.declined_why(addr, len) {
+                self.device_declines.decline(slice, why, None);
                 continue;
             }
-            match self.open(&slice) {
-                Ok(Some(mapped)) => self.copy_mapped(&mapped, slice, &mut unknown, &mut revoked),
-                Ok(None) => plain.push(slice),
+            match self.open(&slice, addr, len) {
+                Ok(Way::Device) => device.push(slice),
+                Ok(_) if local_device => {
+                    self.device_declines
+                        .decline(slice, crate::DEVICE_TO_HOST_DECLINED, None)
+                }
+                Ok(Way::Mapped(mapped)) => {
+                    self.copy_mapped(&mapped, slice, &mut unknown, &mut revoked)
+                }
+                Ok(Way::Plain) => plain.push(slice),
                 Err(Refusal::Fail(e)) => slice.fail(e),
                 Err(Refusal::Decline(why)) => slice.decline(&why),
-                Err(Refusal::Device(why)) => self.device_declines.decline(slice, &why),
+                Err(Refusal::Device(reason, why)) => {
+                    self.device_declines.decline(slice, reason, Some(&why))
+                }
             }
         }
         revoked.into_iter().for_each(|slice| self.reject(slice));
+        device.into_iter().for_each(|slice| self.copy_device(slice));
         if !plain.is_empty() {
             self.attach(plain);
         }
+    }
+
+    /// Whether the peer's buffer holding the range is known to be host memory.
+    fn is_host(&self, addr: u64, len: u64) -> bool {
+        self.mapping(addr, len).is_some() || self.is_plain(addr, len)
+    }
+
+    /// Moves one slice to or from the peer's device memory, chunk by chunk, each piece by a
+    /// GPU copy between the local range and the chunk mapped here; asks the peer for the
+    /// chunks it has not mapped yet on the way. The task is checked between pieces, as for
+    /// mappings.
+    fn copy_device(&self, slice: Slice) {
+        if !slice.is_live() {
+            slice.abandon();
+            return;
+        }
+        let mut at = 0usize;
+        let mut asked_at = None;
+        while at < slice.len {
+            if at > 0 && !slice.is_live_by_clock() {
+                slice.cut_off(false);
+                return;
+            }
+            let remote = slice.remote_addr + at as u64;
+            let Some(chunk) = self.device_chunk(remote) else {
+                if asked_at == Some(at) {
+                    return slice.fail(TransferError::Protocol {
+                        peer: self.peer.clone(),
+                        message: format!("its answer did not map the device memory at {remote:#x}"),
+                    });
+                }
+                asked_at = Some(at);
+                match self.open(&slice, remote, (slice.len - at) as u64) {
+                    Ok(Way::Device) => continue,
+                    Ok(_) => {
+                        return slice.fail(TransferError::Protocol {
+                            peer: self.peer.clone(),
+                            message: format!(
+                                "part of a device buffer at {remote:#x} was answered as host \
+                                 memory"
+                            ),
+                        });
+                    }
+                    Err(Refusal::Fail(e)) => return slice.fail(e),
+                    Err(Refusal::Decline(why)) => return slice.decline(&why),
+                    Err(Refusal::Device(reason, why)) if at == 0 => {
+                        return self.device_declines.decline(slice, reason, Some(&why));
+                    }
+                    Err(Refusal::Device(_, why)) => {
+                        return slice.fail(TransferError::Protocol {
+                            peer: self.peer.clone(),
+                            message: format!("device memory at {remote:#x}: {why}"),
+                        });
+                    }
+                }
+            };
+            let live = chunk.live.read().unwrap_or_else(|p| p.into_inner());
+            let Some(memory) = live.as_ref() else {
+                drop(live);
+                return self.reject(slice);
+            };
+            let offset = remote - chunk.base;
+            let piece = (slice.len - at)
+                .min(usize::try_from(chunk.len - offset).unwrap_or(usize::MAX))
+                .min(COPY_PIECE);
+            let copied = slice.local().copy_with_peer_device(
+                slice.local_addr + at,
+                piece,
+                memory,
+                offset,
+                slice.opcode() == Opcode::Write,
+            );
+            drop(live);
+            if let Err(e) = copied {
+                return slice.fail(TransferError::Protocol {
+                    peer: self.peer.clone(),
+                    message: format!("device copy: {e}"),
+                });
+            }
+            at += piece;
+        }
+        self.completed(slice);
     }
 
     fn reject(&self, slice: Slice) {
@@ -850,11 +1118,11 @@ impl Link {
         slice.fail(error);
     }
 
-    /// Asks the peer how to reach the buffer holding the slice's range: `Some` mapping
-    /// (memfd), `None` (plain memory), or a refusal.
-    fn open(&self, slice: &Slice) -> Result<Option<Arc<Mapped>>, Refusal> {
+    /// Asks the peer how to reach the buffer holding `[addr, addr + len)` (the slice's
+    /// range, or the rest of it): a mapping (memfd), plain memory, device memory (its chunks
+    /// now mapped), or a refusal.
+    fn open(&self, slice: &Slice, addr: u64, len: u64) -> Result<Way, Refusal> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (addr, len) = (slice.remote_addr, slice.len as u64);
         let check = OpenCheck {
             addr,
             len,
@@ -870,14 +1138,15 @@ impl Link {
             .ask(id, &Frame::Open { id, addr, len }, Some(check))
             .map_err(Refusal::Fail)?;
         match self.wait(id, &rx).map_err(Refusal::Fail)? {
-            Reply::Mapped(mapped) => Ok(Some(mapped)),
-            Reply::Plain => Ok(None),
+            Reply::Mapped(mapped) => Ok(Way::Mapped(mapped)),
+            Reply::Plain => Ok(Way::Plain),
+            Reply::Device => Ok(Way::Device),
             Reply::Rejected(reason) => {
                 tracing::debug!("shm peer {} rejected a range: {reason}", self.peer);
                 Err(Refusal::Fail(TransferError::RemoteRejected {
                     peer: self.peer.clone(),
                     addr,
-                    len: slice.len,
+                    len: len as usize,
                 }))
             }
             Reply::Refused(why) => {
@@ -885,7 +1154,12 @@ impl Link {
                 *lock(&self.refusal) = Some(why.clone());
                 Err(Refusal::Decline(why))
             }
-            Reply::Declined(why) => Err(Refusal::Device(why)),
+            Reply::Declined(why) => {
+                let reason = self
+                    .declined_why(addr, len)
+                    .unwrap_or(crate::DEVICE_PEER_DECLINED);
+                Err(Refusal::Device(reason, why))
+            }
             Reply::Leased(_) => Err(Refusal::Decline(
                 "the peer answered an open with a lease".into(),
             )),
@@ -1006,9 +1280,7 @@ impl Link {
     /// Slices to another engine of this process.
     fn in_process(&self, registry: &tern_memreg::MemoryRegistry, slices: Vec<Slice>) {
         for slice in slices {
-            copy_in_registry(registry, slice, &self.device_declines, |moved| {
-                self.completed(moved)
-            });
+            copy_in_registry(registry, slice, |moved| self.completed(moved));
         }
     }
 
@@ -1066,12 +1338,11 @@ fn attach_many(process: PeerProcess, slices: &[Slice]) -> usize {
 
 /// Moves one slice between its local region and a remote range of `registry` (an engine of
 /// this process, or this engine): the range is pinned there first, the same check the owner
-/// makes for a lease, then the bytes are copied between the two regions, and the slice goes
-/// to `moved` (which completes it).
+/// makes for a lease, then the bytes are copied between the two regions (by the GPU when
+/// either is device memory), and the slice goes to `moved` (which completes it).
 pub(crate) fn copy_in_registry(
     registry: &tern_memreg::MemoryRegistry,
     slice: Slice,
-    declines: &DeviceDeclines,
     moved: impl FnOnce(Slice),
 ) {
     let peer = slice.peer().name.clone();
@@ -1087,9 +1358,25 @@ pub(crate) fn copy_in_registry(
         slice.fail(error);
         return;
     };
-    if pin.is_device() {
+    if pin.is_device() || slice.local().is_device() {
+        let copied = match slice.opcode() {
+            Opcode::Write => {
+                slice
+                    .local()
+                    .copy_to_with_device(slice.local_addr, &pin, addr, slice.len)
+            }
+            Opcode::Read => {
+                pin.copy_to_with_device(addr, slice.local(), slice.local_addr, slice.len)
+            }
+        };
         drop(pin);
-        return declines.decline(slice, crate::DEVICE_DECLINED);
+        return match copied {
+            Ok(()) => moved(slice),
+            Err(e) => slice.fail(TransferError::Protocol {
+                peer,
+                message: e.to_string(),
+            }),
+        };
     }
     let copied = pin.slice(addr, slice.len).and_then(|remote| {
         let local = slice.local().slice(slice.local_addr, slice.len)?;
@@ -1116,12 +1403,20 @@ fn memfd_file(memfd: &MemFd) -> io::Result<(u64, u64)> {
     Ok((meta.dev(), meta.ino()))
 }
 
+/// How an Open found the peer's buffer is reached.
+enum Way {
+    Mapped(Arc<Mapped>),
+    Plain,
+    Device,
+}
+
 /// Why an Open did not give a way to the bytes.
 enum Refusal {
     Fail(TransferError),
     Decline(String),
-    /// The peer's buffer is device memory.
-    Device(String),
+    /// The peer's buffer is device memory this link cannot reach: why (for the stats), and
+    /// the detail.
+    Device(&'static str, String),
 }
 
 #[cfg(test)]
@@ -1141,6 +1436,7 @@ mod tests {
             next_id: AtomicU64::new(1),
             alive: AtomicBool::new(true),
             maps: RwLock::default(),
+            device_maps: RwLock::default(),
             plain: Mutex::default(),
             attach: Attach::Refused("a test".into()),
             ended: Mutex::new(None),

@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 /// Version of the `tern.shm` field and of the socket protocol.
-pub const VERSION: u64 = 1;
+pub const VERSION: u64 = 2;
 
 /// Where a process runs, as far as sharing memory with it is concerned.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -65,10 +65,17 @@ use tern_engine::{
     TransferError, Transport, TransportContext, TransportError, TransportReport,
 };
 
-/// Why a slice of device memory goes to the next transport: this transport copies with the
-/// CPU, which never touches device memory.
-pub(crate) const DEVICE_DECLINED: &str =
-    "device memory: the same-host transport copies with the CPU, which does not touch it";
+/// Why a slice between local device memory and a peer's host memory goes to the next
+/// transport: that memory is reached here by the CPU (a mapping, or cross-memory attach),
+/// which never touches device memory.
+pub(crate) const DEVICE_TO_HOST_DECLINED: &str =
+    "device memory to a peer's host memory: the same-host transport reaches that with the CPU";
+/// Why the owner could not hand out its device memory (the driver's reason follows).
+pub(crate) const DEVICE_UNSHARED: &str = "the owner cannot share its device memory";
+/// Why this process could not map a peer's device memory (the driver's reason follows).
+pub(crate) const DEVICE_UNMAPPED: &str = "the peer's device memory cannot be mapped here";
+/// Why a peer declined its device memory (its reason follows).
+pub(crate) const DEVICE_PEER_DECLINED: &str = "the peer declined its device memory";
 
 use crate::client::{Links, Reach};
 use crate::identity::{Extension, HostIdentity, same_host};
@@ -469,7 +476,7 @@ fn run(slices: Vec<Slice>, links: &Links) {
             group.push(next);
         }
         if peer.id == SegmentId::LOCAL {
-            local(group, links.registry(), &links.device_declines);
+            local(group, links.registry());
             continue;
         }
         match links.reach(&peer) {
@@ -492,17 +499,13 @@ fn run(slices: Vec<Slice>, links: &Links) {
 }
 
 /// Slices to this engine's own segment: copies between two pinned regions of its registry.
-fn local(
-    slices: Vec<Slice>,
-    registry: &tern_memreg::MemoryRegistry,
-    declines: &client::DeviceDeclines,
-) {
+fn local(slices: Vec<Slice>, registry: &tern_memreg::MemoryRegistry) {
     for slice in slices {
         if !slice.is_live() {
             slice.abandon();
             continue;
         }
-        client::copy_in_registry(registry, slice, declines, Slice::complete);
+        client::copy_in_registry(registry, slice, Slice::complete);
     }
 }
 
@@ -582,19 +585,6 @@ impl Transport for ShmTransport {
                 slice.decline("the shared-memory transport is not started");
             }
             return;
-        };
-        let slices = if slices.iter().any(|s| s.local().is_device()) {
-            let (device, host): (Vec<Slice>, Vec<Slice>) =
-                slices.into_iter().partition(|s| s.local().is_device());
-            for slice in device {
-                running
-                    .links
-                    .device_declines
-                    .decline(slice, DEVICE_DECLINED);
-            }
-            host
-        } else {
-            slices
         };
         if slices.is_empty() {
             return;
@@ -702,14 +692,16 @@ impl Transport for ShmTransport {
                 }),
         );
         peers.sort_by(|a, b| a.peer.cmp(&b.peer));
-        let (slices, bytes) = running.links.device_declines.get();
-        let declined = (slices > 0)
-            .then(|| DeclinedStats {
-                reason: "device memory".into(),
+        let declined = running
+            .links
+            .device_declines
+            .get()
+            .into_iter()
+            .map(|(reason, slices, bytes)| DeclinedStats {
+                reason: reason.into(),
                 slices,
                 bytes,
             })
-            .into_iter()
             .collect();
         TransportReport {
             retries: 0,

@@ -11,6 +11,7 @@
 //! one past it holds one of `max_inbound` slots.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,7 +24,11 @@ use tern_metadata::auth::{self, Channel, ClusterSecret, Identity};
 use tern_metadata::net::{Acceptor, ServeLimits, Served};
 
 use crate::identity::VERSION;
-use crate::wire::{self, Frame, FrameReader, MAGIC, NONCE_LEN, Opened};
+use tern_cuda::ChunkReach;
+
+use crate::wire::{
+    self, DeviceChunk, Frame, FrameReader, MAGIC, MAX_DEVICE_CHUNKS, NONCE_LEN, Opened,
+};
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
@@ -418,61 +423,104 @@ fn pin(owner: &Owner, addr: u64, len: u64) -> Result<RegionPin, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Answers an Open: the region holding the range, with its memfd attached when it has one.
-/// The registry is read and the answer sent under the connection's lock, so a revocation of
-/// the same buffer is ordered after it.
+/// Answers an Open: the region holding the range, with its memfd attached when it has one,
+/// or, for device memory, the chunks of it the range touches with their IPC handles or
+/// descriptors. The registry is read and the answer sent under the connection's lock, so a
+/// revocation of the same buffer is ordered after it.
 fn open(owner: &Owner, conn: &Conn, id: u64, addr: u64, len: u64) -> Result<(), String> {
     let mut state = lock(&conn.state);
     let found = pin(owner, addr, len);
-    let (outcome, memfd) = match &found {
-        Err(reason) => (Opened::Rejected(reason.clone()), None),
-        Ok(pin) if pin.is_device() => (
-            Opened::Declined {
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    let mut memfd = None;
+    let outcome = match &found {
+        Err(reason) => Opened::Rejected(reason.clone()),
+        Ok(pin) if pin.is_device() => match share_device(pin, addr, len) {
+            Ok((outcome, chunk_fds)) => {
+                fds = chunk_fds;
+                outcome
+            }
+            Err(reason) => Opened::Declined {
                 addr: pin.info().addr as u64,
                 len: pin.info().len as u64,
-                reason: crate::DEVICE_DECLINED.into(),
+                reason,
             },
-            None,
-        ),
+        },
         Ok(pin) => {
             let info = pin.info();
-            let memfd = lock(&owner.memfds)
+            memfd = lock(&owner.memfds)
                 .get(&info.addr)
                 .and_then(Weak::upgrade)
                 .filter(|m| m.len() >= info.len);
-            match memfd {
-                Some(memfd) => (
-                    Opened::Memfd {
-                        addr: info.addr as u64,
-                        len: info.len as u64,
-                        map_len: memfd.len() as u64,
-                    },
-                    Some(memfd),
-                ),
-                None => (
-                    Opened::Plain {
-                        addr: info.addr as u64,
-                        len: info.len as u64,
-                    },
-                    None,
-                ),
+            match &memfd {
+                Some(memfd) => Opened::Memfd {
+                    addr: info.addr as u64,
+                    len: info.len as u64,
+                    map_len: memfd.len() as u64,
+                },
+                None => Opened::Plain {
+                    addr: info.addr as u64,
+                    len: info.len as u64,
+                },
             }
         }
     };
+    let handed_out = memfd.is_some() || matches!(outcome, Opened::Device { .. });
     let bytes = Frame::Opened { id, outcome }.encode();
-    let sent = match &memfd {
-        Some(memfd) => send_with_fds(&conn.stream, &bytes, &[memfd.as_fd()]).and_then(|n| {
+    let mut attached: Vec<BorrowedFd<'_>> = fds.iter().map(AsFd::as_fd).collect();
+    if let Some(memfd) = &memfd {
+        attached.push(memfd.as_fd());
+    }
+    let sent = if attached.is_empty() {
+        wire::send(&conn.stream, &bytes)
+    } else {
+        send_with_fds(&conn.stream, &bytes, &attached).and_then(|n| {
             if n < bytes.len() {
                 wire::send(&conn.stream, &bytes[n..])
             } else {
                 Ok(())
             }
-        }),
-        None => wire::send(&conn.stream, &bytes),
+        })
     };
     sent.map_err(|e| format!("opened: {e}"))?;
-    if let (Some(_), Ok(pin)) = (memfd, &found) {
+    if let (true, Ok(pin)) = (handed_out, &found) {
         state.mapped.insert(pin.info().addr);
     }
     Ok(())
+}
+
+/// The answer that hands a peer the device memory holding `[addr, addr + len)`, with the
+/// descriptors to send along; why not, when the driver cannot share it (the peer then
+/// declines the slice to the next transport, with this reason in its stats).
+fn share_device(pin: &RegionPin, addr: u64, len: u64) -> Result<(Opened, Vec<OwnedFd>), String> {
+    let device = pin
+        .device()
+        .ok_or_else(|| "device memory without a device".to_owned())?;
+    let why = |e: tern_cuda::CudaError| format!("{}: {e}", crate::DEVICE_UNSHARED);
+    let bus_id = device.bus_id().map_err(why)?;
+    let shared = device.share(addr, len, MAX_DEVICE_CHUNKS).map_err(why)?;
+    let mut fds = Vec::new();
+    let chunks = shared
+        .into_iter()
+        .map(|chunk| DeviceChunk {
+            base: chunk.base,
+            len: chunk.len,
+            ipc: match chunk.reach {
+                ChunkReach::Ipc(handle) => Some(handle),
+                ChunkReach::Fd(fd) => {
+                    fds.push(fd);
+                    None
+                }
+            },
+        })
+        .collect();
+    let info = pin.info();
+    Ok((
+        Opened::Device {
+            addr: info.addr as u64,
+            len: info.len as u64,
+            bus_id,
+            chunks,
+        },
+        fds,
+    ))
 }

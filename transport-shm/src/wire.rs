@@ -9,7 +9,9 @@
 //!                                              ◀── Welcome { version, probe address, segment }
 //!   (reads 16 bytes at the probe address by cross-memory attach: the nonce, if permitted)
 //!   Open    { id, addr, len }                   ──▶
-//!                                              ◀── Opened  { id, memfd region + 1 fd | plain region | rejected, reason }
+//!                                              ◀── Opened  { id, memfd region + 1 fd | plain region | rejected, reason
+//!                                                            | declined, reason
+//!                                                            | device region, bus ID, chunks (IPC handle or 1 fd each) }
 //!   Lease   { id, [addr, len]… }                ──▶   pins each range (registered, remote-accessible)
 //!                                              ◀── Leased  { id, [granted?]… }
 //!   (cross-memory attach into the granted ranges)
@@ -40,6 +42,23 @@ pub const MAX_TEXT: usize = 1024;
 pub const MAX_LEASE_RANGES: usize = 1024;
 /// Bytes of the probe nonce.
 pub const NONCE_LEN: usize = 16;
+/// Most chunks of device memory one Opened hands out (each may carry a descriptor); a range
+/// over more is asked for again from where the answer ended.
+pub const MAX_DEVICE_CHUNKS: usize = 32;
+/// Bytes of a CUDA IPC handle.
+pub const IPC_HANDLE_LEN: usize = 64;
+
+/// One piece of a device buffer as the owner hands it out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceChunk {
+    /// Its start in the owner's address space.
+    pub base: u64,
+    /// Its length.
+    pub len: u64,
+    /// A CUDA IPC handle of the whole allocation (`cuMemAlloc` memory), or `None`: the
+    /// chunk's physical memory comes as the next descriptor (VMM memory).
+    pub ipc: Option<[u8; IPC_HANDLE_LEN]>,
+}
 
 /// What one Open found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +92,30 @@ pub enum Opened {
         /// Why.
         reason: String,
     },
+    /// The buffer `[addr, addr + len)` is device memory of the GPU with PCI bus ID `bus_id`:
+    /// map these chunks of it (those from the one holding the asked-for start) and copy with
+    /// the GPU. One descriptor comes along for each chunk without an IPC handle, in order.
+    Device {
+        /// Start of the registered buffer.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// The GPU's PCI bus ID (device ordinals differ between processes).
+        bus_id: String,
+        /// The chunks, in address order.
+        chunks: Vec<DeviceChunk>,
+    },
+}
+
+impl Opened {
+    /// Descriptors that come with this answer.
+    pub fn descriptors(&self) -> usize {
+        match self {
+            Self::Memfd { .. } => 1,
+            Self::Device { chunks, .. } => chunks.iter().filter(|c| c.ipc.is_none()).count(),
+            _ => 0,
+        }
+    }
 }
 
 /// One frame.
@@ -288,6 +331,28 @@ impl Frame {
                         u64s(&mut out, &[*addr, *len]);
                         put_text(&mut out, reason);
                     }
+                    Opened::Device {
+                        addr,
+                        len,
+                        bus_id,
+                        chunks,
+                    } => {
+                        out.push(4);
+                        u64s(&mut out, &[*addr, *len]);
+                        put_text(&mut out, bus_id);
+                        let chunks = &chunks[..chunks.len().min(MAX_DEVICE_CHUNKS)];
+                        out.push(chunks.len() as u8);
+                        for chunk in chunks {
+                            u64s(&mut out, &[chunk.base, chunk.len]);
+                            match &chunk.ipc {
+                                Some(handle) => {
+                                    out.push(1);
+                                    out.extend_from_slice(handle);
+                                }
+                                None => out.push(0),
+                            }
+                        }
+                    }
                 }
             }
             Self::Lease { id, ranges } => {
@@ -452,6 +517,29 @@ pub fn decode(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
                     len: b.u64()?,
                     reason: b.text()?,
                 },
+                4 => {
+                    let (addr, len, bus_id) = (b.u64()?, b.u64()?, b.text()?);
+                    let count = usize::from(b.u8()?);
+                    if count > MAX_DEVICE_CHUNKS {
+                        return Err(b.bad(format!("{count} device chunks")));
+                    }
+                    let mut chunks = Vec::with_capacity(count);
+                    for _ in 0..count {
+                        let (base, len) = (b.u64()?, b.u64()?);
+                        let ipc = match b.u8()? {
+                            0 => None,
+                            1 => Some(b.array()?),
+                            other => return Err(b.bad(format!("device chunk kind {other}"))),
+                        };
+                        chunks.push(DeviceChunk { base, len, ipc });
+                    }
+                    Opened::Device {
+                        addr,
+                        len,
+                        bus_id,
+                        chunks,
+                    }
+                }
                 other => return Err(b.bad(format!("outcome {other}"))),
             };
             Frame::Opened { id, outcome }
@@ -499,8 +587,8 @@ pub struct FrameReader {
 }
 
 /// Most descriptors a reader keeps before it refuses more (a peer that sends descriptors
-/// nobody asked for).
-const MAX_QUEUED_FDS: usize = 16;
+/// nobody asked for): one answer's device chunks and some.
+const MAX_QUEUED_FDS: usize = MAX_DEVICE_CHUNKS + 16;
 
 impl FrameReader {
     /// An empty reader.
@@ -628,6 +716,34 @@ mod tests {
             Frame::Opened {
                 id: 4,
                 outcome: Opened::Rejected("not registered".into()),
+            },
+            Frame::Opened {
+                id: 4,
+                outcome: Opened::Declined {
+                    addr: 5,
+                    len: 6,
+                    reason: "device".into(),
+                },
+            },
+            Frame::Opened {
+                id: 4,
+                outcome: Opened::Device {
+                    addr: 5,
+                    len: 6,
+                    bus_id: "0000:3b:00.0".into(),
+                    chunks: vec![
+                        DeviceChunk {
+                            base: 4,
+                            len: 2 << 20,
+                            ipc: Some([9; IPC_HANDLE_LEN]),
+                        },
+                        DeviceChunk {
+                            base: 4 + (2 << 20),
+                            len: 2 << 20,
+                            ipc: None,
+                        },
+                    ],
+                },
             },
             Frame::Lease {
                 id: 9,

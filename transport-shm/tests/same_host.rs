@@ -18,6 +18,7 @@ use tern_memreg::shm::{MemFd, send_with_fds};
 use tern_metadata::MetadataStore;
 use tern_metadata::auth::{self, Channel, Claims, ClusterSecret};
 use tern_metadata::http::{HttpMetadataServer, HttpStore};
+use tern_testkit::maps::mappings_of;
 use tern_transport_shm::wire::{self, Frame, FrameReader, MAGIC, NONCE_LEN, Opened};
 use tern_transport_shm::{ShmConfig, ShmTransport};
 use tern_transport_tcp::TcpTransport;
@@ -31,39 +32,12 @@ fn engine(name: &str) -> TransferEngine {
         .unwrap()
 }
 
-/// The inode of the file mapped at `addr` in this process, if a mapping starts there.
 fn inode_at(addr: usize) -> Option<u64> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
-    maps.lines().find_map(|line| {
-        let start = usize::from_str_radix(line.split('-').next()?, 16).ok()?;
-        (start == addr).then(|| line.split_whitespace().nth(4)?.parse().ok())?
-    })
+    tern_testkit::maps::inode_at(addr as u64)
 }
 
-/// How many mappings of this process map the memfd with this inode. (Tests run in threads of
-/// one process, so only mappings of a known file are counted.)
-fn mappings_of(inode: u64) -> usize {
-    std::fs::read_to_string("/proc/self/maps")
-        .unwrap()
-        .lines()
-        .filter(|l| {
-            l.contains("/memfd:")
-                && l.split_whitespace().nth(4).and_then(|i| i.parse().ok()) == Some(inode)
-        })
-        .count()
-}
-
-/// The lines of `/proc/self/maps` that map the memfd with this inode (for a failure's message).
 fn mapping_lines(inode: u64) -> String {
-    std::fs::read_to_string("/proc/self/maps")
-        .unwrap()
-        .lines()
-        .filter(|l| {
-            l.contains("/memfd:")
-                && l.split_whitespace().nth(4).and_then(|i| i.parse().ok()) == Some(inode)
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    tern_testkit::maps::memfd_mappings(inode).join("\n")
 }
 
 fn inode_of(fd: std::os::fd::BorrowedFd<'_>) -> u64 {
@@ -323,7 +297,7 @@ fn raw_client(target: &TransferEngine) -> UnixStream {
 fn hello(client: &str, server: &str) -> Vec<u8> {
     Frame::Hello {
         magic: MAGIC,
-        version: 1,
+        version: tern_transport_shm::identity::VERSION as u16,
         nonce: [3; NONCE_LEN],
         client_segment: client.into(),
         server_segment: server.into(),
@@ -428,7 +402,7 @@ fn garbage_unpublished_ranges_and_unasked_descriptors_are_refused_and_the_engine
     asking
         .write_all(
             &Frame::Welcome {
-                version: 1,
+                version: tern_transport_shm::identity::VERSION as u16,
                 probe_addr: 0,
                 segment: "x".into(),
             }
@@ -512,7 +486,7 @@ impl FakePeer {
             };
             let probe = Box::new([0u8; NONCE_LEN]);
             let welcome = Frame::Welcome {
-                version: 1,
+                version: tern_transport_shm::identity::VERSION as u16,
                 probe_addr: probe.as_ptr() as u64,
                 segment: "fake".into(),
             };
@@ -764,58 +738,17 @@ fn serves_as_the_owner_of_the_late_lease_test_when_run_as_its_child() {
     }
 }
 
-/// A child process, killed and reaped when the test lets go of it.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_lease_the_owner_grants_after_the_initiator_stopped_waiting_is_released() {
-    use std::io::BufRead;
     // The owner is another process (cross-memory attach into oneself is refused), this
     // test binary run again as its child; stopping it with SIGSTOP makes it answer late.
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "serves_as_the_owner_of_the_late_lease_test_when_run_as_its_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(LATE_OWNER_ENV, "1")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let from_child = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut to_child = child.stdin.take().unwrap();
-    // The child goes with the test, however it ends; its lines come through a channel, so
-    // that a child that hangs fails the test instead of hanging it.
-    let child = KillOnDrop(child);
-    let (line_tx, line_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in from_child.lines().map_while(Result::ok) {
-            if line_tx.send(line.trim().to_owned()).is_err() {
-                break;
-            }
-        }
-    });
-    let next_line = || {
-        line_rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("the owner said nothing in 120 s, or exited")
-    };
-    let (segment, remote) = loop {
-        let line = next_line();
-        if let Some(rest) = line.strip_prefix("owner ") {
-            let (segment, addr) = rest.split_once(' ').unwrap();
-            break (segment.to_owned(), addr.parse::<u64>().unwrap());
-        }
-    };
+    let mut child = tern_testkit::process::SelfChild::start(
+        "serves_as_the_owner_of_the_late_lease_test_when_run_as_its_child",
+        LATE_OWNER_ENV,
+    );
+    let owner = child.next("owner ");
+    let (segment, addr) = owner.split_once(' ').unwrap();
+    let (segment, remote) = (segment.to_owned(), addr.parse::<u64>().unwrap());
     let initiator = TransferEngine::builder()
         .local_server_name("127.0.0.1")
         .transport(ShmTransport::new(ShmConfig {
@@ -841,23 +774,23 @@ fn a_lease_the_owner_grants_after_the_initiator_stopped_waiting_is_released() {
     assert_eq!(shm_stats(&initiator).bytes, 4096);
 
     // The owner is stopped: the lease goes unanswered, the task fails.
-    tern_testkit::process::stop(child.0.id());
+    tern_testkit::process::stop(child.id());
     let failed = status(&initiator, write);
-    tern_testkit::process::resume(child.0.id());
+    tern_testkit::process::resume(child.id());
     assert!(
         matches!(&failed, TransferStatus::Failed(TransferError::Connection { message, .. }) if message.contains("no answer")),
         "{failed}"
     );
     // Now it reads the lease, pins the buffer and answers nobody; the release that follows
     // lets the buffer go, and the owner can unregister it.
-    writeln!(to_child, "unregister").unwrap();
+    child.send("unregister");
     let outcome = loop {
-        let line = next_line();
+        let line = child.next("");
         if line == "unregistered" || line.starts_with("still refused") {
             break line;
         }
     };
-    drop(to_child);
+    child.close_stdin();
     drop(child);
     assert_eq!(outcome, "unregistered");
 }

@@ -1,0 +1,319 @@
+//! Device memory between two processes of one host, against the stand-in CUDA driver
+//! (`tern-cuda-standin`), whose device memory faults on any CPU access: these tests pass only
+//! if the same-host transport moved every byte of device memory with the driver's copies.
+//! The owner is this test binary run again as a child (CUDA IPC handles open only in another
+//! process). `cudaMalloc` memory is reached by an IPC handle, VMM memory (PyTorch's
+//! `expandable_segments:True`) by descriptors of each chunk; a range over several chunks
+//! maps every one; unregistering unmaps them in the peer. What this proves is the logic
+//! above the driver, not that GPUs work.
+
+use std::io::BufRead;
+use std::time::Duration;
+
+use tern_cuda::Device;
+use tern_engine::{RegisterRaw, SegmentId, TransferEngine, TransferRequest, TransferStatus};
+use tern_testkit::maps::mappings_of;
+use tern_testkit::process::SelfChild;
+use tern_transport_shm::ShmTransport;
+use tern_transport_tcp::TcpTransport;
+
+/// Set in the environment of the owner child.
+const OWNER_ENV: &str = "TERN_SHM_TEST_DEVICE_OWNER";
+/// The `cuMemAlloc` buffer: several slices and a ragged tail.
+const LEGACY_LEN: usize = (3 << 20) + 4321;
+/// The VMM buffer: three chunks of the stand-in's 2 MiB granularity.
+const CHUNK: usize = 2 << 20;
+const CHUNKS: usize = 3;
+const HOST_LEN: usize = 1 << 20;
+
+fn gpu() -> &'static Device {
+    let path = tern_testkit::cuda::standin_driver();
+    tern_cuda::use_driver(path.to_str().unwrap()).expect("the stand-in driver");
+    Device::get(0).expect("a stand-in device")
+}
+
+fn engine() -> TransferEngine {
+    TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(ShmTransport::default())
+        .transport(TcpTransport::default())
+        .build()
+        .unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 13) as u8)
+        .collect()
+}
+
+/// FNV-1a, to compare bytes across the processes without printing them.
+fn digest(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn inode_at(addr: u64) -> u64 {
+    tern_testkit::maps::inode_at(addr).expect("a mapping starts at the device address")
+}
+
+/// Registers device memory that outlives the engine.
+fn register(engine: &TransferEngine, addr: u64, len: usize) {
+    // SAFETY: every device buffer outlives the engine (declared before it); peers writing
+    // it is what registration is for.
+    unsafe {
+        engine
+            .register_memory(addr as *mut u8, len, "*", true)
+            .unwrap();
+    }
+}
+
+/// What the owner child runs: a device buffer of each kind and a host buffer, filled with
+/// known bytes and registered; it prints `owner <segment> <legacy> <chunked> <host>
+/// <legacy inode> <chunk inodes…>`, then answers `sum <legacy|chunked|host>` with `sum
+/// <digest>` and `unregister <chunked>` with `unregistered`, until its stdin closes. Without
+/// the variable it does nothing.
+#[test]
+fn serves_as_the_device_owner_when_run_as_its_child() {
+    if std::env::var_os(OWNER_ENV).is_none() {
+        return;
+    }
+    let gpu = gpu();
+    let legacy = gpu.allocate(LEGACY_LEN).unwrap();
+    let chunked = gpu.allocate_chunked(CHUNK, CHUNKS).unwrap();
+    legacy.write(0, &pattern(LEGACY_LEN, 1)).unwrap();
+    chunked.write(0, &pattern(chunked.len(), 2)).unwrap();
+    let owner = engine();
+    let host = owner.allocate(HOST_LEN, "cpu:0").unwrap();
+    register(&owner, legacy.addr(), legacy.len());
+    register(&owner, chunked.addr(), chunked.len());
+    let inodes: Vec<String> = (0..CHUNKS)
+        .map(|i| inode_at(chunked.addr() + (i * CHUNK) as u64).to_string())
+        .collect();
+    println!(
+        "\nowner {} {} {} {} {} {}",
+        owner.segment_name(),
+        legacy.addr(),
+        chunked.addr(),
+        host.addr(),
+        inode_at(legacy.addr()),
+        inodes.join(" ")
+    );
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["sum", "legacy"] => {
+                let mut bytes = vec![0u8; legacy.len()];
+                legacy.read(0, &mut bytes).unwrap();
+                println!("sum {}", digest(&bytes));
+            }
+            ["sum", "chunked"] => {
+                let mut bytes = vec![0u8; chunked.len()];
+                chunked.read(0, &mut bytes).unwrap();
+                println!("sum {}", digest(&bytes));
+            }
+            ["sum", "host"] => {
+                let mut bytes = vec![0u8; HOST_LEN];
+                host.read_at(0, &mut bytes).unwrap();
+                println!("sum {}", digest(&bytes));
+            }
+            ["unregister", "chunked"] => {
+                owner.unregister_memory(chunked.addr() as usize).unwrap();
+                println!("unregistered");
+            }
+            _ => println!("unknown {line}"),
+        }
+    }
+    drop(owner);
+    drop((legacy, chunked));
+}
+
+fn run(engine: &TransferEngine, requests: &[TransferRequest]) {
+    let batch = engine.allocate_batch(requests.len()).unwrap();
+    engine.submit(&batch, requests).unwrap();
+    batch.wait(Duration::from_secs(60));
+    for (task, request) in requests.iter().enumerate() {
+        let status = batch.task_status(task).unwrap();
+        assert_eq!(
+            status.status,
+            TransferStatus::Completed,
+            "task {task}: {status:?}"
+        );
+        assert_eq!(status.transferred_bytes, request.length as u64);
+    }
+}
+
+fn stats(engine: &TransferEngine, protocol: &str) -> tern_engine::TransportStats {
+    engine
+        .stats()
+        .transports
+        .into_iter()
+        .find(|t| t.protocol == protocol)
+        .unwrap()
+}
+
+/// Requests cutting `[0, len)` at `cuts` (offsets that fall off slice and chunk edges).
+fn pieces(
+    local: u64,
+    peer: SegmentId,
+    remote: u64,
+    cuts: &[usize],
+    write: bool,
+) -> Vec<TransferRequest> {
+    cuts.windows(2)
+        .map(|w| {
+            let (from, to) = (w[0], w[1]);
+            let (local, remote, len) = (local as usize + from, remote + from as u64, to - from);
+            if write {
+                TransferRequest::write(local, peer, remote, len)
+            } else {
+                TransferRequest::read(local, peer, remote, len)
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() {
+    let gpu = gpu();
+    let local_device = gpu.allocate(CHUNK * CHUNKS).unwrap();
+    let local_chunked = gpu.allocate_chunked(CHUNK, CHUNKS).unwrap();
+    let mut owner = SelfChild::start(
+        "serves_as_the_device_owner_when_run_as_its_child",
+        OWNER_ENV,
+    );
+    let said = owner.next("owner ");
+    let words: Vec<&str> = said.split_whitespace().collect();
+    let (segment, legacy, chunked, host) = (
+        words[0],
+        words[1].parse::<u64>().unwrap(),
+        words[2].parse::<u64>().unwrap(),
+        words[3].parse::<u64>().unwrap(),
+    );
+    let legacy_inode: u64 = words[4].parse().unwrap();
+    let chunk_inodes: Vec<u64> = words[5..].iter().map(|w| w.parse().unwrap()).collect();
+    assert_eq!(chunk_inodes.len(), CHUNKS);
+
+    let initiator = engine();
+    register(&initiator, local_device.addr(), local_device.len());
+    register(&initiator, local_chunked.addr(), local_chunked.len());
+    let local_host = initiator.allocate(CHUNK * CHUNKS, "cpu:0").unwrap();
+    let peer = initiator.open_segment(segment).unwrap();
+
+    // Device → device (an IPC handle): the target holds exactly what was sent.
+    let sent = pattern(LEGACY_LEN, 40);
+    local_device.write(0, &sent).unwrap();
+    let cuts = [0, 4096, 1_000_003, LEGACY_LEN];
+    run(
+        &initiator,
+        &pieces(local_device.addr(), peer, legacy, &cuts, true),
+    );
+    assert_eq!(
+        owner.ask("sum legacy", "sum ").parse::<u64>().unwrap(),
+        digest(&sent),
+        "the owner's cudaMalloc memory holds other bytes"
+    );
+    // Device → host, read back.
+    run(
+        &initiator,
+        &pieces(local_host.addr() as u64, peer, legacy, &cuts, false),
+    );
+    let mut back = vec![0u8; LEGACY_LEN];
+    local_host.read_at(0, &mut back).unwrap();
+    assert!(
+        back == sent,
+        "the bytes read from the peer's device memory differ"
+    );
+    assert_eq!(
+        mappings_of(legacy_inode),
+        2,
+        "the peer's allocation is opened once (its two stand-in mappings)"
+    );
+
+    // Host → VMM memory over all three chunks, with requests across chunk edges.
+    let whole = CHUNK * CHUNKS;
+    let sent = pattern(whole, 90);
+    local_host.write_at(0, &sent).unwrap();
+    let cuts = [0, CHUNK - 1000, CHUNK + 5000, 2 * CHUNK + 1, whole];
+    run(
+        &initiator,
+        &pieces(local_host.addr() as u64, peer, chunked, &cuts, true),
+    );
+    assert_eq!(
+        owner.ask("sum chunked", "sum ").parse::<u64>().unwrap(),
+        digest(&sent),
+        "the owner's VMM memory holds other bytes (a chunk not mapped, or mapped wrong)"
+    );
+    for inode in &chunk_inodes {
+        assert_eq!(mappings_of(*inode), 2, "every chunk is mapped, once");
+    }
+    // VMM → VMM of this side, one request over all of it.
+    run(
+        &initiator,
+        &[TransferRequest::read(
+            local_chunked.addr() as usize,
+            peer,
+            chunked,
+            whole,
+        )],
+    );
+    let mut back = vec![0u8; whole];
+    local_chunked.read(0, &mut back).unwrap();
+    assert!(back == sent, "the bytes read into local VMM memory differ");
+
+    let shm = stats(&initiator, "shm");
+    let moved = (2 * LEGACY_LEN + 2 * whole) as u64;
+    assert_eq!(shm.bytes, moved, "the same-host transport carried it all");
+    assert_eq!(stats(&initiator, "tcp").bytes, 0, "nothing fell to TCP");
+    assert!(shm.declined.is_empty(), "{:?}", shm.declined);
+
+    // Local device memory to the peer's host memory is the CPU's to reach there: declined to
+    // TCP, and counted under its reason.
+    let sent = pattern(HOST_LEN, 7);
+    local_device.write(0, &sent).unwrap();
+    run(
+        &initiator,
+        &[TransferRequest::write(
+            local_device.addr() as usize,
+            peer,
+            host,
+            HOST_LEN,
+        )],
+    );
+    assert_eq!(
+        owner.ask("sum host", "sum ").parse::<u64>().unwrap(),
+        digest(&sent)
+    );
+    let shm = stats(&initiator, "shm");
+    let declined = shm
+        .declined
+        .iter()
+        .find(|d| d.reason.contains("host memory"))
+        .expect("the decline is counted under its reason");
+    assert!(declined.bytes >= HOST_LEN as u64, "{declined:?}");
+    assert!(stats(&initiator, "tcp").bytes >= HOST_LEN as u64);
+
+    // Unregistering the VMM buffer unmaps every chunk here before it returns.
+    assert_eq!(owner.ask("unregister chunked", ""), "unregistered");
+    for inode in &chunk_inodes {
+        assert_eq!(
+            mappings_of(*inode),
+            0,
+            "a revoked chunk is still mapped here"
+        );
+    }
+    assert_eq!(
+        mappings_of(legacy_inode),
+        2,
+        "the other buffer stays mapped"
+    );
+    drop(initiator);
+    assert_eq!(
+        mappings_of(legacy_inode),
+        0,
+        "the engine gone, nothing of the peer is mapped"
+    );
+    drop(owner);
+}
