@@ -232,7 +232,7 @@ impl PageLayout {
     fn offsets(&self, order: PageOrder, seed: u64) -> Vec<usize> {
         let stride = self.layer_stride().unwrap_or(0);
         let page = |layer: usize, page: usize| layer * stride + page * self.page_size;
-        let mut random = XorShift(seed | 1);
+        let mut random = SplitMix(seed);
         match order {
             PageOrder::Contiguous => (0..self.layers)
                 .flat_map(|l| (0..self.pages).map(move |p| page(l, p)))
@@ -257,15 +257,15 @@ impl PageLayout {
     }
 }
 
-/// A small, seeded generator: the bench's shuffles repeat from run to run.
-struct XorShift(u64);
+/// A small, seeded generator (SplitMix64): the bench's shuffles repeat from run to run.
+struct SplitMix(u64);
 
-impl XorShift {
+impl SplitMix {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let z = (self.0 ^ (self.0 >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 
     /// Fisher–Yates.
