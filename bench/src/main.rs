@@ -146,6 +146,135 @@ struct Args {
     /// picks one. The address is printed as `metrics: <url>`, after the segment line.
     #[arg(long = "metrics_addr")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Pages workload (the shape of a KV cache as serving stacks move it): each (layer,
+    /// page) one request of `--page_size` bytes, submitted `--batch_size` at a time, instead
+    /// of `--block_size` blocks. Pages per layer; giving it selects the workload.
+    #[arg(long)]
+    pages: Option<usize>,
+    /// Pages workload: layers, each a range of its pages followed by a one-page gap, so that
+    /// no two layers' pages are ever neighbours.
+    #[arg(long, default_value_t = 32)]
+    layers: usize,
+    /// Pages workload: bytes per page (per request).
+    #[arg(long = "page_size", default_value_t = 16 << 10)]
+    page_size: usize,
+    /// Pages workload: the order of the requests: contiguous (layer by layer, page by page),
+    /// runs:N (runs of N consecutive pages of a layer, the runs in a random order), or
+    /// shuffled (every page in a random order).
+    #[arg(long = "page_order", default_value = "contiguous", value_parser = PageOrder::parse)]
+    page_order: PageOrder,
+    /// Turns off the engine's merging of neighbouring requests into runs, to measure what
+    /// it gains.
+    #[arg(long = "no_merge")]
+    no_merge: bool,
+}
+
+/// The order a pages workload submits its pages in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PageOrder {
+    Contiguous,
+    /// Runs of this many consecutive pages, the runs shuffled.
+    Runs(usize),
+    Shuffled,
+}
+
+impl PageOrder {
+    fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "contiguous" => Ok(Self::Contiguous),
+            "shuffled" => Ok(Self::Shuffled),
+            _ => text
+                .strip_prefix("runs:")
+                .and_then(|n| n.parse::<usize>().ok())
+                .filter(|&n| n > 0)
+                .map(Self::Runs)
+                .ok_or_else(|| format!("{text:?} is not contiguous, runs:N (N > 0) or shuffled")),
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Self::Contiguous => "contiguous".into(),
+            Self::Runs(n) => format!("runs:{n}"),
+            Self::Shuffled => "shuffled".into(),
+        }
+    }
+}
+
+/// The pages workload's layout: where each page sits (the same offset on both sides).
+#[derive(Debug, Clone, Copy)]
+struct PageLayout {
+    layers: usize,
+    pages: usize,
+    page_size: usize,
+}
+
+impl PageLayout {
+    fn of(args: &Args) -> Option<Self> {
+        args.pages.map(|pages| Self {
+            layers: args.layers,
+            pages,
+            page_size: args.page_size,
+        })
+    }
+
+    /// Bytes from one layer's start to the next: its pages and a one-page gap.
+    fn layer_stride(&self) -> Option<usize> {
+        self.pages.checked_add(1)?.checked_mul(self.page_size)
+    }
+
+    /// Bytes of buffer the layout spans on each side.
+    fn span(&self) -> Option<usize> {
+        self.layer_stride()?.checked_mul(self.layers)
+    }
+
+    /// Every page's offset, in the order `order` submits them; `seed` picks the shuffle.
+    fn offsets(&self, order: PageOrder, seed: u64) -> Vec<usize> {
+        let stride = self.layer_stride().unwrap_or(0);
+        let page = |layer: usize, page: usize| layer * stride + page * self.page_size;
+        let mut random = SplitMix(seed);
+        match order {
+            PageOrder::Contiguous => (0..self.layers)
+                .flat_map(|l| (0..self.pages).map(move |p| page(l, p)))
+                .collect(),
+            PageOrder::Shuffled => {
+                let mut all = self.offsets(PageOrder::Contiguous, seed);
+                random.shuffle(&mut all);
+                all
+            }
+            PageOrder::Runs(n) => {
+                let mut runs: Vec<(usize, usize)> = (0..self.layers)
+                    .flat_map(|l| (0..self.pages).step_by(n).map(move |p| (l, p)))
+                    .collect();
+                random.shuffle(&mut runs);
+                runs.into_iter()
+                    .flat_map(|(l, first)| {
+                        (first..(first + n).min(self.pages)).map(move |p| page(l, p))
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// A small, seeded generator (SplitMix64): the bench's shuffles repeat from run to run.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let z = (self.0 ^ (self.0 >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Fisher–Yates.
+    fn shuffle<T>(&mut self, items: &mut [T]) {
+        for i in (1..items.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            items.swap(i, j);
+        }
+    }
 }
 
 /// The initiator's run time when `--duration` is not given.
@@ -187,6 +316,19 @@ fn check_flags(args: &Args) -> Result<(), String> {
     }
     if args.metrics_addr.is_some() && args.mode != Mode::Target {
         return Err("--metrics_addr is for --mode target".into());
+    }
+    if let Some(layout) = PageLayout::of(args) {
+        if layout.pages == 0 || layout.layers == 0 || layout.page_size == 0 {
+            return Err("--pages, --layers and --page_size must be positive".into());
+        }
+        let span = layout.span().filter(|&span| span <= args.buffer_size);
+        if args.mode != Mode::Target && span.is_none() {
+            return Err(format!(
+                "--layers {} of --pages {} (and a one-page gap) of --page_size {} do not fit \
+                 in --buffer_size {}",
+                layout.layers, layout.pages, layout.page_size, args.buffer_size
+            ));
+        }
     }
     Ok(())
 }
@@ -249,7 +391,9 @@ fn enough_memory(args: &Args, available: Option<u64>) -> Result<(), String> {
 }
 
 fn engine(args: &Args, default_name: Option<&str>) -> Result<TransferEngine, String> {
-    let mut builder = TransferEngine::builder().metadata(args.metadata_server.clone());
+    let mut builder = TransferEngine::builder()
+        .metadata(args.metadata_server.clone())
+        .merge_requests(!args.no_merge);
     if let Some(secret) = &args.cluster_secret {
         builder = builder.cluster_secret(secret);
     }
@@ -390,11 +534,15 @@ fn run_target(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Outcome {
     duration: Duration,
     bytes: u64,
     batches: u64,
+    /// Requests submitted (tasks).
+    requests: u64,
+    /// Time spent inside `submit` calls, summed over the workers.
+    submit_time: Duration,
     latencies_us: Vec<f64>,
     /// With `--idle_seconds`: percent of one core the initiator (and the target, when this
     /// process started it) used while idle with its endpoints open.
@@ -455,7 +603,24 @@ fn run_initiator(args: &Args, segment: &str, target: Option<u32>) -> Result<Outc
     if usable == 0 {
         return Err("the remote buffer is smaller than one block".into());
     }
+    let pages = match PageLayout::of(args) {
+        Some(layout) => {
+            if layout
+                .span()
+                .is_none_or(|span| span > remote.length as usize)
+            {
+                return Err(format!(
+                    "the remote buffer ({} bytes) is smaller than --layers × (--pages + 1) × \
+                     --page_size",
+                    remote.length
+                ));
+            }
+            Some(layout.offsets(args.page_order, 0x5EED))
+        }
+        None => None,
+    };
     let ctx = Shared {
+        pages,
         engine: &engine,
         peer,
         local: &local,
@@ -486,21 +651,15 @@ fn run_initiator(args: &Args, segment: &str, target: Option<u32>) -> Result<Outc
         let started = Instant::now();
         show_progress(&ctx, started, deadline);
         ctx.stop.store(true, Ordering::Release);
-        let mut outcome = Outcome {
-            duration: Duration::ZERO,
-            bytes: 0,
-            batches: 0,
-            latencies_us: Vec::new(),
-            idle_cpu: None,
-            run_cpu: (None, None),
-            stats: None,
-        };
+        let mut outcome = Outcome::default();
         let mut failure = None;
         for worker in workers {
             match worker.join() {
                 Ok(Ok(result)) => {
                     outcome.batches += result.batches;
                     outcome.bytes += result.bytes;
+                    outcome.requests += result.requests;
+                    outcome.submit_time += result.submit_time;
                     outcome.latencies_us.extend(result.latencies_us);
                 }
                 Ok(Err(e)) => failure = Some(e),
@@ -546,6 +705,8 @@ fn show_progress(ctx: &Shared<'_>, started: Instant, run_for: Duration) {
 }
 
 struct Shared<'a> {
+    /// Pages workload: every page's offset, in submission order.
+    pages: Option<Vec<usize>>,
     engine: &'a TransferEngine,
     peer: SegmentId,
     local: &'a OwnedBuffer,
@@ -558,25 +719,51 @@ struct Shared<'a> {
 }
 
 impl Shared<'_> {
+    /// Bytes per request.
+    fn request_len(&self) -> usize {
+        match &self.pages {
+            Some(_) => self.args.page_size,
+            None => self.args.block_size,
+        }
+    }
+
+    /// The offsets (the same on both sides) of the requests of a thread's `round`th batch.
+    fn batch_offsets(&self, thread: usize, round: usize, offsets: &mut Vec<usize>) {
+        let args = self.args;
+        offsets.clear();
+        match &self.pages {
+            Some(pages) => {
+                // The page list cut into batches, the threads taking them in turn.
+                let batches = pages.len().div_ceil(args.batch_size);
+                let batch = (thread + round * args.threads) % batches;
+                let first = batch * args.batch_size;
+                offsets
+                    .extend_from_slice(&pages[first..(first + args.batch_size).min(pages.len())]);
+            }
+            None => {
+                let blocks = self.usable / args.block_size;
+                offsets.extend((0..args.batch_size).map(|i| {
+                    let block =
+                        (thread * args.batch_size + round * args.threads * args.batch_size + i)
+                            % blocks;
+                    block * args.block_size
+                }));
+            }
+        }
+    }
+
     fn worker(&self, thread: usize) -> Result<Outcome, String> {
         let args = self.args;
-        let blocks = self.usable / args.block_size;
-        let mut outcome = Outcome {
-            duration: Duration::ZERO,
-            bytes: 0,
-            batches: 0,
-            latencies_us: Vec::new(),
-            idle_cpu: None,
-            run_cpu: (None, None),
-            stats: None,
-        };
+        let len = self.request_len();
+        let mut outcome = Outcome::default();
         let mut requests = Vec::with_capacity(args.batch_size);
+        let mut offsets = Vec::with_capacity(args.batch_size);
         let mut round = 0usize;
-        let mut scratch = vec![0u8; if args.verify { args.block_size } else { 0 }];
+        let mut scratch = vec![0u8; if args.verify { len } else { 0 }];
         let read_back = if args.verify && args.operation == Operation::Write {
             Some(
                 self.engine
-                    .allocate(args.block_size, "cpu:0")
+                    .allocate(len, "cpu:0")
                     .map_err(|e| format!("allocating the --verify buffer: {e}"))?,
             )
         } else {
@@ -584,32 +771,26 @@ impl Shared<'_> {
         };
         self.start.wait();
         while !self.stop.load(Ordering::Acquire) {
+            self.batch_offsets(thread, round, &mut offsets);
             requests.clear();
-            let mut offsets = Vec::with_capacity(args.batch_size);
-            for i in 0..args.batch_size {
-                let block = (thread * args.batch_size + round * args.threads * args.batch_size + i)
-                    % blocks;
-                let offset = block * args.block_size;
-                offsets.push(offset);
+            requests.extend(offsets.iter().map(|&offset| {
                 let local = self.local.addr() + offset;
                 let remote = self.remote_addr + offset as u64;
-                requests.push(match args.operation {
-                    Operation::Read => {
-                        TransferRequest::read(local, self.peer, remote, args.block_size)
-                    }
-                    Operation::Write => {
-                        TransferRequest::write(local, self.peer, remote, args.block_size)
-                    }
-                });
-            }
+                match args.operation {
+                    Operation::Read => TransferRequest::read(local, self.peer, remote, len),
+                    Operation::Write => TransferRequest::write(local, self.peer, remote, len),
+                }
+            }));
             let began = Instant::now();
             let batch = self
                 .engine
-                .allocate_batch(args.batch_size)
+                .allocate_batch(requests.len())
                 .map_err(|e| e.to_string())?;
+            let submitting = Instant::now();
             self.engine
                 .submit(&batch, &requests)
                 .map_err(|e| format!("submit: {e}"))?;
+            outcome.submit_time += submitting.elapsed();
             let status = batch.wait(Duration::from_secs(600));
             let latency = began.elapsed();
             if status.state != BatchState::Completed {
@@ -626,6 +807,7 @@ impl Shared<'_> {
                 self.verify(&offsets, &mut scratch, read_back.as_ref())?;
             }
             outcome.batches += 1;
+            outcome.requests += requests.len() as u64;
             outcome.bytes += status.transferred_bytes;
             outcome.latencies_us.push(latency.as_secs_f64() * 1e6);
             self.moved
@@ -875,8 +1057,29 @@ fn report(args: &Args, outcome: &Outcome) -> Result<(), String> {
         args.report_unit,
         prec = args.report_precision
     );
+    let requests = outcome.requests.max(1) as f64;
+    let submit_ns_per_request = outcome.submit_time.as_secs_f64() * 1e9 / requests;
+    let batch_ns_per_request = latencies.iter().sum::<f64>() * 1e3 / requests;
+    let workload = PageLayout::of(args).map_or_else(
+        || "blocks".to_owned(),
+        |l| {
+            format!(
+                "{} layers × {} pages of {} bytes, {}",
+                l.layers,
+                l.pages,
+                l.page_size,
+                args.page_order.name()
+            )
+        },
+    );
     if !args.json {
         println!("{line}");
+        println!(
+            "{workload}: {:.0} requests/s; per request: {submit_ns_per_request:.0} ns in \
+             submit, {batch_ns_per_request:.0} ns from submit to done (merging {})",
+            outcome.requests as f64 / secs,
+            if args.no_merge { "off" } else { "on" }
+        );
         println!(
             "latency per batch of {}: avg {avg:.1} us, p50 {:.1} us, p99 {:.1} us",
             args.batch_size,
@@ -908,6 +1111,18 @@ fn report(args: &Args, outcome: &Outcome) -> Result<(), String> {
         "p50_latency_us": percentile(&latencies, 50.0),
         "p99_latency_us": percentile(&latencies, 99.0),
         "messages_per_s": outcome.batches as f64 * args.batch_size as f64 / secs,
+        "workload": workload,
+        "pages": PageLayout::of(args).map(|l| serde_json::json!({
+            "layers": l.layers,
+            "pages": l.pages,
+            "page_size": l.page_size,
+            "page_order": args.page_order.name(),
+        })),
+        "merge_requests": !args.no_merge,
+        "requests": outcome.requests,
+        "requests_per_s": outcome.requests as f64 / secs,
+        "submit_ns_per_request": submit_ns_per_request,
+        "batch_ns_per_request": batch_ns_per_request,
         "cpu_initiator_s": outcome.run_cpu.0,
         "cpu_target_s": outcome.run_cpu.1,
         "cpu_us_per_gb": match outcome.run_cpu {
@@ -928,6 +1143,57 @@ mod tests {
 
     fn args(line: &[&str]) -> Args {
         Args::parse_from(std::iter::once("tern-bench").chain(line.iter().copied()))
+    }
+
+    #[test]
+    fn page_orders_visit_every_page_once_and_runs_keep_their_pages_together() {
+        let layout = PageLayout {
+            layers: 3,
+            pages: 10,
+            page_size: 4096,
+        };
+        let stride = 11 * 4096;
+        let mut every: Vec<usize> = (0..3)
+            .flat_map(|l| (0..10).map(move |p| l * stride + p * 4096))
+            .collect();
+        assert_eq!(layout.offsets(PageOrder::Contiguous, 1), every);
+        for order in [PageOrder::Shuffled, PageOrder::Runs(4)] {
+            let mut offsets = layout.offsets(order, 1);
+            assert_ne!(offsets, every, "{order:?} is not the contiguous order");
+            offsets.sort_unstable();
+            every.sort_unstable();
+            assert_eq!(offsets, every, "{order:?}");
+        }
+        // Runs of 4 (the last of a layer shorter): within a run, consecutive pages.
+        let runs = layout.offsets(PageOrder::Runs(4), 1);
+        let mut at = 0;
+        while at < runs.len() {
+            let (layer, page) = (runs[at] / stride, runs[at] % stride / 4096);
+            assert_eq!(page % 4, 0, "a run starts on a multiple of 4");
+            let len = 4.min(10 - page);
+            for k in 0..len {
+                assert_eq!(runs[at + k], layer * stride + (page + k) * 4096);
+            }
+            at += len;
+        }
+    }
+
+    #[test]
+    fn page_flags_are_checked_before_anything_starts() {
+        assert_eq!(PageOrder::parse("runs:8"), Ok(PageOrder::Runs(8)));
+        assert!(PageOrder::parse("runs:0").is_err());
+        assert!(PageOrder::parse("sorted").is_err());
+        let fits = [
+            "--mode=loopback",
+            "--pages=63",
+            "--layers=4",
+            "--buffer_size=1048576",
+        ];
+        check_flags(&args(&[&fits[..], &["--page_size=4096"]].concat())).unwrap();
+        let error = check_flags(&args(&[&fits[..], &["--page_size=8192"]].concat())).unwrap_err();
+        assert!(error.contains("do not fit"), "{error}");
+        let error = check_flags(&args(&["--pages=0"])).unwrap_err();
+        assert!(error.contains("must be positive"), "{error}");
     }
 
     #[test]

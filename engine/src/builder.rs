@@ -40,6 +40,7 @@ pub struct TransferEngineBuilder {
     wait_spin: Duration,
     pretouch: PretouchPolicy,
     metrics: bool,
+    merge_requests: bool,
     /// Store settings, including the handshake RPC client's timeouts.
     store: StoreOptions,
     /// From [`Self::cluster_secret`] or the environment; a bad one fails `build`.
@@ -85,6 +86,7 @@ impl Default for TransferEngineBuilder {
             ),
             pretouch: PretouchPolicy::default(),
             metrics: std::env::var(METRICS_ENV).map_or(true, |v| v.trim() != "0"),
+            merge_requests: true,
             store: StoreOptions::default(),
             cluster_secret: ClusterSecret::from_env().map_err(|e| e.to_string()),
         }
@@ -179,6 +181,16 @@ impl TransferEngineBuilder {
         self
     }
 
+    /// Whether [`TransferEngine::submit`] moves neighbouring requests of one call (same peer
+    /// and opcode, contiguous on both sides, within one region and one remote buffer) as one
+    /// run of slices (default: on). A serving stack's one request per page then costs about
+    /// what one large request does; off, each request is cut on its own, which is there to
+    /// measure what merging gains.
+    pub fn merge_requests(mut self, on: bool) -> Self {
+        self.merge_requests = on;
+        self
+    }
+
     /// When [`TransferEngine::allocate`] pre-touches its buffers.
     pub fn pretouch(mut self, policy: PretouchPolicy) -> Self {
         self.pretouch = policy;
@@ -266,6 +278,7 @@ impl TransferEngineBuilder {
             change: Mutex::new(()),
             transfer_timeout: self.transfer_timeout,
             wait_spin: self.wait_spin,
+            merge_requests: self.merge_requests,
             rpc_client,
             pretouch: self.pretouch,
             rpc_server: Mutex::new({

@@ -43,6 +43,8 @@ pub(crate) struct EngineInner {
     pub(crate) change: Mutex<()>,
     pub(crate) transfer_timeout: Option<Duration>,
     pub(crate) wait_spin: Duration,
+    /// Whether a submit merges neighbouring requests into runs.
+    pub(crate) merge_requests: bool,
     pub(crate) rpc_client: RpcClientConfig,
     pub(crate) pretouch: PretouchPolicy,
     pub(crate) rpc_server: Mutex<Option<RpcServer>>,

@@ -35,6 +35,7 @@ pub mod conformance;
 mod engine;
 mod error;
 mod memory;
+mod merge;
 mod rpc;
 mod segments;
 pub mod slicing;

@@ -8,22 +8,64 @@ pub fn split(
     slice: usize,
     min_tail: usize,
 ) -> impl Iterator<Item = (usize, usize)> + Clone {
-    let slice = slice.max(1);
-    let mut count = len.div_ceil(slice);
-    let tail = len % slice;
-    if count > 1 && tail != 0 && tail < min_tail {
-        count -= 1;
+    Cuts::new(len, slice, min_tail).pieces()
+}
+
+/// How [`split`] cuts a range, asked without walking it: a merged run of requests needs to
+/// know how many pieces touch each request before any piece exists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cuts {
+    len: usize,
+    slice: usize,
+    count: usize,
+}
+
+impl Cuts {
+    /// The cuts of `len` bytes into `slice`-byte pieces, a tail shorter than `min_tail`
+    /// joined to the piece before it.
+    pub fn new(len: usize, slice: usize, min_tail: usize) -> Self {
+        let slice = slice.max(1);
+        let mut count = len.div_ceil(slice);
+        let tail = len % slice;
+        if count > 1 && tail != 0 && tail < min_tail {
+            count -= 1;
+        }
+        Self { len, slice, count }
     }
-    (0..count).map(move |i| {
-        let offset = i * slice;
-        let this = if i + 1 == count { len - offset } else { slice };
-        (offset, this)
-    })
+
+    /// How many pieces.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// The piece holding byte `offset` (the last piece for offsets past the end).
+    pub fn piece_of(&self, offset: usize) -> usize {
+        (offset / self.slice).min(self.count.saturating_sub(1))
+    }
+
+    /// How many pieces hold bytes of `[offset, offset + len)`; `len` must be positive.
+    pub fn pieces_over(&self, offset: usize, len: usize) -> usize {
+        let last = offset.saturating_add(len.max(1) - 1);
+        self.piece_of(last) - self.piece_of(offset) + 1
+    }
+
+    /// `(offset, length)` of each piece, in order.
+    pub fn pieces(self) -> impl Iterator<Item = (usize, usize)> + Clone {
+        (0..self.count).map(move |i| {
+            let offset = i * self.slice;
+            let this = if i + 1 == self.count {
+                self.len - offset
+            } else {
+                self.slice
+            };
+            (offset, this)
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::split;
+    use super::{Cuts, split};
 
     fn pieces(len: usize, slice: usize, tail: usize) -> Vec<(usize, usize)> {
         split(len, slice, tail).collect()
@@ -41,6 +83,24 @@ mod tests {
             assert_eq!(ps.iter().map(|p| p.1).sum::<usize>(), len);
             assert!(ps.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
             assert!(ps.iter().all(|p| p.1 > 0 && p.1 < 64 + 16));
+        }
+    }
+
+    #[test]
+    fn pieces_over_counts_the_pieces_a_range_touches() {
+        for (len, slice, tail) in [(300, 64, 16), (300, 64, 0), (256, 64, 16), (10, 64, 16)] {
+            let cuts = Cuts::new(len, slice, tail);
+            let pieces: Vec<_> = split(len, slice, tail).collect();
+            assert_eq!(cuts.count(), pieces.len());
+            for offset in 0..len {
+                for range in 1..=len - offset {
+                    let touching = pieces
+                        .iter()
+                        .filter(|&&(at, n)| at < offset + range && offset < at + n)
+                        .count();
+                    assert_eq!(cuts.pieces_over(offset, range), touching);
+                }
+            }
         }
     }
 }

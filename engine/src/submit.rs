@@ -9,9 +9,15 @@ use tern_metadata::SegmentDesc;
 use crate::batch::{Batch, BatchInner, MAX_TASK_BYTES};
 use crate::engine::{EngineInner, TransferEngine};
 use crate::error::{EngineError, TransferError};
-use crate::slicing::split;
-use crate::transport::{PeerSegment, Routes, Slice, Submission};
+use crate::merge::{Extent, plan};
+use crate::slicing::Cuts;
+use crate::transport::{PeerSegment, Routes, Slice, Submission, TaskPart};
 use crate::types::{SegmentId, TransferRequest, TransferStatus};
+
+/// How many of the submissions made lately in one submit call a request looks through for
+/// one it can share before it pins its region anew: enough for the layers of a model
+/// submitted in turn, few enough that a lookup stays cheaper than a pin.
+const RECENT_SUBMISSIONS: usize = 64;
 
 impl TransferEngine {
     /// A new batch taking up to `capacity` requests.
@@ -47,20 +53,25 @@ impl TransferEngine {
     /// task, with the reason in its status, before anything is sent. A target outside the
     /// cached descriptor triggers one re-fetch of that descriptor first (the peer may have
     /// registered more memory since it was opened).
+    ///
+    /// Requests of one call that are neighbours (same peer and opcode, contiguous both
+    /// locally and remotely, within one local region and one of the peer's buffers) move as
+    /// one run, cut into slices by the transport's slice size, whatever order they came in
+    /// (unless the engine was built with
+    /// [`merge_requests(false)`](crate::TransferEngineBuilder::merge_requests)). Each request
+    /// stays its own task, with its own status and bytes.
     pub fn submit(&self, batch: &Batch, requests: &[TransferRequest]) -> Result<(), EngineError> {
         let batch_inner = &batch.inner;
         let first = batch_inner.reserve(requests.len())?;
         if let Some(timeout) = self.inner.transfer_timeout {
             batch_inner.set_deadline_if_unset(Instant::now() + timeout);
         }
-        let mut groups: Vec<Vec<Slice>> =
-            self.inner.transports.iter().map(|_| Vec::new()).collect();
         // The peer of the request before, and its routes: a batch usually has one peer.
         let mut cached: Option<(Arc<PeerSegment>, Routes)> = None;
         let mut refreshed: Vec<SegmentId> = Vec::new();
-        // The submission of the request before: one pin and one shared record for every run
-        // of requests from one region to one peer.
-        let mut group: Option<Arc<Submission>> = None;
+        // One pin and one shared record for the requests from one region to one peer.
+        let mut submissions: Vec<Arc<Submission>> = Vec::new();
+        let mut extents: Vec<Extent> = Vec::with_capacity(requests.len());
         for (i, request) in requests.iter().enumerate() {
             let task = first + i;
             if cached
@@ -72,15 +83,14 @@ impl TransferEngine {
                     (peer, routes)
                 });
             }
-            let mut prepared = self.prepare(
+            let mut checked = self.check(
                 batch_inner,
                 task,
                 request,
                 cached.as_ref(),
-                &mut group,
-                &mut groups,
+                &mut submissions,
             );
-            if let Err(TransferError::TargetOutOfRange { .. }) = prepared
+            if let Err(TransferError::TargetOutOfRange { .. }) = checked
                 && request.target != SegmentId::LOCAL
                 && !refreshed.contains(&request.target)
             {
@@ -92,22 +102,28 @@ impl TransferEngine {
                         let routes = self.inner.routes_to(&peer.desc);
                         (peer, routes)
                     });
-                    group = None;
-                    prepared = self.prepare(
+                    checked = self.check(
                         batch_inner,
                         task,
                         request,
                         cached.as_ref(),
-                        &mut group,
-                        &mut groups,
+                        &mut submissions,
                     );
                 }
             }
-            match prepared {
-                Ok((slices, first)) => batch_inner.start_task(task, slices, request.opcode, first),
+            match checked {
+                Ok(extent) => extents.push(extent),
                 Err(error) => batch_inner.fail_unstarted(task, error),
             }
         }
+        let mut groups: Vec<Vec<Slice>> =
+            self.inner.transports.iter().map(|_| Vec::new()).collect();
+        plan(
+            &mut extents,
+            self.inner.merge_requests,
+            MAX_TASK_BYTES,
+            |run| self.cut_run(batch_inner, run, &submissions, &mut groups),
+        );
         batch_inner.publish(first + requests.len());
         for (transport, slices) in self.inner.transports.iter().zip(groups) {
             if !slices.is_empty() {
@@ -117,56 +133,50 @@ impl TransferEngine {
         Ok(())
     }
 
-    /// Checks one request and cuts it into slices for the best transport to its peer,
-    /// pushed onto that transport's group; returns how many, and that transport.
-    fn prepare(
+    /// Checks one request and finds (or makes) the submission it goes with: the planner's
+    /// view of it, or why it fails as a task of its own.
+    fn check(
         &self,
         batch: &Arc<BatchInner>,
         task: usize,
         request: &TransferRequest,
         peer: Option<&(Arc<PeerSegment>, Routes)>,
-        group: &mut Option<Arc<Submission>>,
-        groups: &mut [Vec<Slice>],
-    ) -> Result<(u32, usize), TransferError> {
+        submissions: &mut Vec<Arc<Submission>>,
+    ) -> Result<Extent, TransferError> {
         let len = request.length;
         if len == 0 {
             return Err(TransferError::ZeroLength);
         }
         let (peer, routes) = peer.ok_or_else(|| self.inner.missing_segment(request.target))?;
-        if peer
+        let buffer = peer
             .desc
             .buffer_containing(request.target_offset, len as u64)
-            .is_none()
-        {
-            return Err(TransferError::TargetOutOfRange {
+            .ok_or_else(|| TransferError::TargetOutOfRange {
                 segment: peer.name.clone(),
                 addr: request.target_offset,
                 len,
-            });
-        }
-        let transport_index = routes
-            .first()
-            .ok_or_else(|| TransferError::NoCommonTransport {
+            })?;
+        if routes.first().is_none() {
+            return Err(TransferError::NoCommonTransport {
                 segment: peer.name.clone(),
                 protocols: peer.desc.protocol.clone(),
-            })?;
+            });
+        }
         if len as u64 > MAX_TASK_BYTES {
             return Err(TransferError::TooLarge {
                 len,
                 max: MAX_TASK_BYTES,
             });
         }
-        let transport = &self.inner.transports[transport_index];
-        let pieces = split(
-            len,
-            transport.max_slice_size(),
-            transport.merge_tail_below(),
-        );
-        let reuse = group
-            .as_ref()
-            .filter(|g| g.peer_id() == peer.id && g.covers(request.source, len));
-        let shared = match reuse {
-            Some(shared) => shared.clone(),
+        // The submission of the request before first (a run of requests from one region),
+        // then the few made lately (layers in separate regions, submitted in turn).
+        let reuse = submissions
+            .iter()
+            .rev()
+            .take(RECENT_SUBMISSIONS)
+            .position(|s| s.serves(peer, request.source, len));
+        let index = match reuse {
+            Some(back) => submissions.len() - 1 - back,
             None => {
                 let local = self.inner.registry.pin(request.source, len).map_err(|_| {
                     TransferError::SourceNotRegistered {
@@ -174,28 +184,101 @@ impl TransferEngine {
                         len,
                     }
                 })?;
-                let fresh = Arc::new(Submission::new(
+                submissions.push(Arc::new(Submission::new(
                     local,
                     peer.clone(),
                     batch.clone(),
                     *routes,
                     &self.inner,
-                ));
-                group.insert(fresh).clone()
+                )));
+                submissions.len() - 1
             }
         };
-        let slices = pieces.clone().count() as u32;
-        groups[transport_index].extend(pieces.map(|(offset, piece)| {
-            Slice::new(
-                shared.clone(),
-                request.opcode,
-                task,
-                request.source + offset,
-                piece,
-                request.target_offset + offset as u64,
+        let submission = &submissions[index];
+        Ok(Extent {
+            peer: Arc::as_ptr(peer) as usize,
+            opcode: request.opcode,
+            local: request.source,
+            remote: request.target_offset,
+            len,
+            local_region: submission.region_start(),
+            remote_buffer: buffer.addr,
+            task: task as u32,
+            submission: index as u32,
+        })
+    }
+
+    /// Starts the tasks of one run and cuts the run into slices for its first transport,
+    /// pushed onto that transport's group. Each task counts the slices that hold bytes of it.
+    fn cut_run(
+        &self,
+        batch: &BatchInner,
+        run: &[Extent],
+        submissions: &[Arc<Submission>],
+        groups: &mut [Vec<Slice>],
+    ) {
+        let Some(head) = run.first() else {
+            return;
+        };
+        let submission = &submissions[head.submission as usize];
+        let Some(transport_index) = submission.first_route() else {
+            // Checked before a request joins a run; kept as a typed failure all the same.
+            for extent in run {
+                batch.fail_unstarted(
+                    extent.task as usize,
+                    TransferError::NoCommonTransport {
+                        segment: submission.peer().name.clone(),
+                        protocols: submission.peer().desc.protocol.clone(),
+                    },
+                );
+            }
+            return;
+        };
+        let transport = &self.inner.transports[transport_index];
+        let run_len = run.iter().map(|e| e.len).sum::<usize>();
+        let cuts = Cuts::new(
+            run_len,
+            transport.max_slice_size(),
+            transport.merge_tail_below(),
+        );
+        let (opcode, local, remote) = (head.opcode, head.local, head.remote);
+        let group = &mut groups[transport_index];
+        if let [alone] = run {
+            let task = alone.task as usize;
+            group.extend(cuts.pieces().map(|(offset, len)| {
+                Slice::new(
+                    submission.clone(),
+                    opcode,
+                    task,
+                    local + offset,
+                    len,
+                    remote + offset as u64,
+                )
+            }));
+            batch.start_task(task, cuts.count() as u32, opcode, transport_index);
+            return;
+        }
+        let parts: Arc<[TaskPart]> = run
+            .iter()
+            .map(|e| TaskPart {
+                start: e.local,
+                task: e.task,
+            })
+            .collect();
+        for extent in run {
+            let slices = cuts.pieces_over(extent.local - local, extent.len) as u32;
+            batch.start_task(extent.task as usize, slices, opcode, transport_index);
+        }
+        group.extend(cuts.pieces().map(|(offset, len)| {
+            Slice::of_run(
+                submission.clone(),
+                opcode,
+                parts.clone(),
+                local + offset,
+                len,
+                remote + offset as u64,
             )
         }));
-        Ok((slices, transport_index))
     }
 
     /// Submits one request, waits for it, and returns the bytes moved.

@@ -19,7 +19,7 @@ use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc};
 use crate::batch::BatchInner;
 use crate::engine::EngineInner;
 use crate::error::TransferError;
-use crate::slicing::split;
+use crate::slicing::Cuts;
 use crate::stats::{EngineCounters, TransportReport};
 use crate::types::{Opcode, SegmentId};
 
@@ -306,8 +306,95 @@ impl Submission {
                 .is_some_and(|end| end <= info.addr + info.len)
     }
 
-    pub(crate) fn peer_id(&self) -> SegmentId {
-        self.peer.id
+    /// Whether requests to `peer` (the very descriptor they were checked against) from
+    /// `[addr, addr + len)` may share this submission.
+    pub(crate) fn serves(&self, peer: &Arc<PeerSegment>, addr: usize, len: usize) -> bool {
+        Arc::ptr_eq(&self.peer, peer) && self.covers(addr, len)
+    }
+
+    pub(crate) fn peer(&self) -> &Arc<PeerSegment> {
+        &self.peer
+    }
+
+    /// Start of the pinned region.
+    pub(crate) fn region_start(&self) -> usize {
+        self.local.info().addr
+    }
+
+    /// The transport that carries this submission's slices first.
+    pub(crate) fn first_route(&self) -> Option<usize> {
+        self.routes.first()
+    }
+}
+
+/// One request's part of a merged run: its task, from its local start address up to the
+/// next part's (or the run's end).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TaskPart {
+    pub(crate) start: usize,
+    pub(crate) task: u32,
+}
+
+/// The tasks a slice carries bytes of, with how many bytes of each.
+struct SliceTasks<'a> {
+    /// The merged run's parts, from the first the slice touches; empty for a slice of one
+    /// task.
+    parts: &'a [TaskPart],
+    /// The slice's unvisited range.
+    at: usize,
+    end: usize,
+    only: Option<(usize, u64)>,
+}
+
+impl Iterator for SliceTasks<'_> {
+    type Item = (usize, u64);
+
+    fn next(&mut self) -> Option<(usize, u64)> {
+        if let Some(only) = self.only.take() {
+            return Some(only);
+        }
+        let (part, rest) = self.parts.split_first()?;
+        if self.at >= self.end {
+            return None;
+        }
+        let part_end = rest
+            .first()
+            .map_or(self.end, |next| next.start.min(self.end));
+        let bytes = part_end.saturating_sub(self.at) as u64;
+        (self.parts, self.at) = (rest, part_end);
+        Some((part.task as usize, bytes))
+    }
+}
+
+/// The tasks a slice was the last of: they settle only after the slice has let go of its
+/// submission, so they are gathered first (on the stack, unless the slice ended many).
+#[derive(Default)]
+struct LastOf {
+    few: [u32; 8],
+    count: usize,
+    more: Vec<u32>,
+}
+
+impl LastOf {
+    fn push(&mut self, task: usize) {
+        match self.few.get_mut(self.count) {
+            Some(slot) => {
+                *slot = task as u32;
+                self.count += 1;
+            }
+            None => self.more.push(task as u32),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    fn tasks(&self) -> impl Iterator<Item = usize> + '_ {
+        self.few[..self.count]
+            .iter()
+            .chain(&self.more)
+            .map(|&task| task as usize)
     }
 }
 
@@ -338,8 +425,11 @@ impl Routes {
     }
 }
 
-/// One piece of a task: a contiguous range moved in one operation. Dropping it without a
-/// report fails its task, so a transport can never leave a task hanging.
+/// One piece of a task, or of a run of neighbouring requests merged at submit: a contiguous
+/// range moved in one operation. A slice of a run carries bytes of every task whose request
+/// it overlaps, and reports to each of them for its part: its bytes credit each task with
+/// what it holds of it, its failure fails exactly those tasks. Dropping it without a report
+/// fails its tasks, so a transport can never leave a task hanging.
 #[derive(Debug)]
 pub struct Slice {
     /// Local start address (inside [`local`](Slice::local)).
@@ -349,10 +439,13 @@ pub struct Slice {
     /// Remote start address.
     pub remote_addr: u64,
     opcode: Opcode,
+    /// The task, for a slice of one request (`run` is `None`).
     task: u32,
     /// Which of the submission's routes carries it now.
     rank: u8,
     submission: Option<Arc<Submission>>,
+    /// The parts of the merged run the slice was cut from, in address order.
+    run: Option<Arc<[TaskPart]>>,
 }
 
 impl Slice {
@@ -372,6 +465,88 @@ impl Slice {
             task: task as u32,
             rank: 0,
             submission: Some(submission),
+            run: None,
+        }
+    }
+
+    /// A slice of a merged run: it carries bytes of the tasks of `run` it overlaps.
+    pub(crate) fn of_run(
+        submission: Arc<Submission>,
+        opcode: Opcode,
+        run: Arc<[TaskPart]>,
+        local_addr: usize,
+        len: usize,
+        remote_addr: u64,
+    ) -> Self {
+        let task = run.first().map_or(0, |part| part.task);
+        Self {
+            local_addr,
+            len,
+            remote_addr,
+            opcode,
+            task,
+            rank: 0,
+            submission: Some(submission),
+            run: Some(run),
+        }
+    }
+
+    /// The piece `[offset, offset + len)` of this slice, for `submission`, carried by route
+    /// `rank`.
+    fn piece(&self, submission: Arc<Submission>, offset: usize, len: usize, rank: u8) -> Slice {
+        Slice {
+            local_addr: self.local_addr + offset,
+            len,
+            remote_addr: self.remote_addr + offset as u64,
+            opcode: self.opcode,
+            task: self.task,
+            rank,
+            submission: Some(submission),
+            run: self.run.clone(),
+        }
+    }
+
+    /// The tasks this slice carries bytes of, each with how many.
+    fn tasks(&self) -> SliceTasks<'_> {
+        let Some(parts) = self.run.as_deref() else {
+            return SliceTasks {
+                parts: &[],
+                at: 0,
+                end: 0,
+                only: Some((self.task as usize, self.len as u64)),
+            };
+        };
+        let first = parts
+            .partition_point(|part| part.start <= self.local_addr)
+            .saturating_sub(1);
+        SliceTasks {
+            parts: parts.get(first..).unwrap_or_default(),
+            at: self.local_addr,
+            end: self.local_addr.saturating_add(self.len),
+            only: None,
+        }
+    }
+
+    /// Counts, before any piece reports, the pieces this slice is about to be cut into, at
+    /// offsets `cuts` (ascending, inside the slice): each cut through a task's bytes gives
+    /// that task one slice more; a cut between two tasks' parts gives none.
+    fn count_cuts(&self, submission: &Submission, cuts: impl Iterator<Item = usize>) {
+        let batch = &submission.batch;
+        let Some(parts) = self.run.as_deref() else {
+            let more = cuts.count() as u32;
+            if more > 0 {
+                batch.add_slices(self.task as usize, more);
+            }
+            return;
+        };
+        for cut in cuts {
+            let at = self.local_addr + cut;
+            let holder = parts.partition_point(|part| part.start <= at);
+            if let Some(part) = holder.checked_sub(1).and_then(|i| parts.get(i))
+                && part.start != at
+            {
+                batch.add_slices(part.task as usize, 1);
+            }
         }
     }
 
@@ -411,7 +586,8 @@ impl Slice {
     /// Whether the slice should still run (its task is pending). A transport checks this
     /// before starting I/O and calls [`Slice::abandon`] if not.
     pub fn is_live(&self) -> bool {
-        self.submission().batch.task_live(self.task as usize)
+        let batch = &self.submission().batch;
+        self.tasks().any(|(task, _)| batch.task_live(task))
     }
 
     /// As [`is_live`](Slice::is_live), and ends the task (with its batch's other unfinished
@@ -419,14 +595,20 @@ impl Slice {
     /// for checks between long pieces of one slice, where no waiter may be free to notice
     /// the deadline (a waiter helping copies, say).
     pub fn is_live_by_clock(&self) -> bool {
-        self.submission()
-            .batch
-            .task_live_by_clock(self.task as usize)
+        let batch = &self.submission().batch;
+        // The first task's check reads the clock (and times the batch out); the others need
+        // not read it again.
+        let mut tasks = self.tasks();
+        tasks
+            .next()
+            .is_some_and(|(task, _)| batch.task_live_by_clock(task))
+            || tasks.any(|(task, _)| batch.task_live(task))
     }
 
-    /// Reports the outcome: the request's hold on the pin goes first (with the last slice,
-    /// the pin itself), so whoever learns the task ended may unregister its memory at once.
-    /// Every outcome counts the slice as let go; the last slice of a task settles it.
+    /// Reports the outcome to each task the slice carries bytes of: the requests' hold on
+    /// the pin goes first (with the last slice, the pin itself), so whoever learns a task
+    /// ended may unregister its memory at once. Every outcome counts the slice as let go by
+    /// each of its tasks; a task's last slice settles it.
     fn report(mut self, outcome: Outcome) {
         let Some(submission) = self.submission.take() else {
             return;
@@ -435,50 +617,62 @@ impl Slice {
             .routes
             .get(self.rank as usize)
             .unwrap_or(usize::MAX);
-        let (batch, task, len) = (&submission.batch, self.task as usize, self.len as u64);
-        let moved = match outcome {
-            Outcome::Done => {
-                // What the task's first transport moved is read off the task; a declined
-                // slice's next transport counts its own.
-                if self.rank != 0 {
-                    submission.counters.moved(transport, len);
-                    batch.slice_uncredited(task, len);
+        let batch = &submission.batch;
+        let write = self.opcode == Opcode::Write;
+        match &outcome {
+            // What the tasks' first transport moved is read off the tasks; a declined slice's
+            // next transport counts its own.
+            Outcome::Done if self.rank != 0 => {
+                submission.counters.moved(transport, self.len as u64);
+            }
+            Outcome::Failed { .. } => submission.counters.failed(transport),
+            _ => {}
+        }
+        for (i, (task, bytes)) in self.tasks().enumerate() {
+            match &outcome {
+                Outcome::Done if self.rank != 0 => batch.slice_uncredited(task, bytes),
+                // Every task counts the slice; the first transport's tally counts it once.
+                Outcome::Done if i > 0 => batch.slice_uncredited(task, 0),
+                Outcome::Done => {}
+                Outcome::Skipped => {
+                    batch.fail_if_live(task, "skipped");
+                    batch.slice_uncredited(task, 0);
                 }
-                len
-            }
-            Outcome::Skipped => {
-                batch.fail_if_live(task, "skipped");
-                batch.slice_uncredited(task, 0);
-                0
-            }
-            Outcome::CutOff { remote_may_change } => {
-                if remote_may_change && self.opcode == Opcode::Write {
-                    batch.remote_may_change(task);
+                Outcome::CutOff { remote_may_change } => {
+                    if *remote_may_change && write {
+                        batch.remote_may_change(task);
+                    }
+                    batch.fail_if_live(task, "cut off");
+                    batch.slice_uncredited(task, 0);
                 }
-                batch.fail_if_live(task, "cut off");
-                batch.slice_uncredited(task, 0);
-                0
-            }
-            Outcome::Failed { error, sent } => {
-                submission.counters.failed(transport);
-                if sent && self.opcode == Opcode::Write {
-                    batch.remote_may_change(task);
+                Outcome::Failed { error, sent } => {
+                    if *sent && write {
+                        batch.remote_may_change(task);
+                    }
+                    // The task ends first, then the slice counts as let go: the last one out
+                    // settles the task as Failed.
+                    batch.fail_task(task, error.clone());
+                    batch.slice_uncredited(task, 0);
                 }
-                // The task ends first, then the slice counts as let go: the last one out
-                // settles the task as Failed.
-                batch.fail_task(task, error);
-                batch.slice_uncredited(task, 0);
-                0
             }
-        };
-        if !batch.slice_progress(task, moved) {
+        }
+        let done = matches!(outcome, Outcome::Done);
+        let mut last_of = LastOf::default();
+        for (task, bytes) in self.tasks() {
+            if batch.slice_progress(task, if done { bytes } else { 0 }) {
+                last_of.push(task);
+            }
+        }
+        if last_of.is_empty() {
             return;
         }
-        // The task ends here: let go of the submission (and with the last slice, its pin)
-        // before anyone can see the task ended.
+        // Tasks end here: let go of the submission (and with the last slice, its pin) before
+        // anyone can see them ended.
         let batch = batch.clone();
         drop(submission);
-        batch.complete_task(task);
+        for task in last_of.tasks() {
+            batch.complete_task(task);
+        }
     }
 
     /// The slice moved all its bytes.
@@ -533,24 +727,16 @@ impl Slice {
                 (len / pieces * k + len % pieces * k / pieces) / align * align
             }
         };
-        let Some(submission) = self.submission.as_ref() else {
+        let Some(submission) = self.submission.clone() else {
             return;
         };
-        submission
-            .batch
-            .add_slices(self.task as usize, pieces as u32 - 1);
+        self.count_cuts(&submission, (1..pieces).map(bound));
         for k in 1..pieces {
             let (start, end) = (bound(k), bound(k + 1));
-            let piece = Slice {
-                local_addr: self.local_addr + start,
-                len: end - start,
-                remote_addr: self.remote_addr + start as u64,
-                opcode: self.opcode,
-                task: self.task,
-                rank: self.rank,
-                submission: Some(submission.clone()),
-            };
-            place(k, piece);
+            place(
+                k,
+                self.piece(submission.clone(), start, end - start, self.rank),
+            );
         }
         let mut first = self;
         first.len = bound(1);
@@ -586,34 +772,24 @@ impl Slice {
             engine.transports[transport].protocol()
         );
         let next_transport = &engine.transports[transport];
-        let pieces = split(
+        let cuts = Cuts::new(
             self.len,
             next_transport.max_slice_size(),
             next_transport.merge_tail_below(),
         );
-        let count = pieces.clone().count();
-        if count <= 1 {
+        if cuts.count() <= 1 {
             self.rank = next as u8;
             return next_transport.submit(vec![self]);
         }
-        // Too large for the next transport: cut again to its slice size. The task counts the
+        // Too large for the next transport: cut again to its slice size. The tasks count the
         // extra slices before any of them can report (this one has not).
         let Some(submission) = self.submission.take() else {
             return;
         };
-        submission
-            .batch
-            .add_slices(self.task as usize, count as u32 - 1);
-        let slices = pieces
-            .map(|(offset, len)| Slice {
-                local_addr: self.local_addr + offset,
-                len,
-                remote_addr: self.remote_addr + offset as u64,
-                opcode: self.opcode,
-                task: self.task,
-                rank: next as u8,
-                submission: Some(submission.clone()),
-            })
+        self.count_cuts(&submission, cuts.pieces().skip(1).map(|(offset, _)| offset));
+        let slices = cuts
+            .pieces()
+            .map(|(offset, len)| self.piece(submission.clone(), offset, len, next as u8))
             .collect();
         drop(submission);
         next_transport.submit(slices);
@@ -638,15 +814,7 @@ impl Drop for Slice {
     fn drop(&mut self) {
         if let Some(submission) = self.submission.take() {
             // Reported as a failure (a write may have left): the same count as any outcome.
-            let slice = Slice {
-                local_addr: self.local_addr,
-                len: self.len,
-                remote_addr: self.remote_addr,
-                opcode: self.opcode,
-                task: self.task,
-                rank: self.rank,
-                submission: Some(submission),
-            };
+            let slice = self.piece(submission, 0, self.len, self.rank);
             slice.fail(TransferError::Dropped(
                 "slice released without a result".into(),
             ));

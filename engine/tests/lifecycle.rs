@@ -14,13 +14,7 @@ mod holding;
 use holding::HoldingTransport;
 
 fn engine() -> (TransferEngine, HoldingTransport) {
-    let transport = HoldingTransport::default();
-    let engine = TransferEngine::builder()
-        .local_server_name("127.0.0.1")
-        .transport(transport.clone())
-        .build()
-        .unwrap();
-    (engine, transport)
+    holding::holding_engine()
 }
 
 #[test]

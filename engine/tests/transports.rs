@@ -470,3 +470,38 @@ fn a_slice_cut_into_pieces_completes_its_task_once_every_piece_has() {
         "a failed piece fails the task: {outcome:?}"
     );
 }
+
+#[test]
+fn a_declined_slice_of_a_merged_run_is_cut_again_and_each_task_gets_its_bytes() {
+    let mut near = Stub::new("near", 20);
+    near.slice_size = 16 << 10;
+    near.decline_from = 0;
+    let near_declined = near.declined.clone();
+    let far = Stub::new("far", 10);
+    let engine = engine_with([far, near]);
+    let buffer = engine.allocate(64 << 10, "cpu:0").unwrap();
+    let (tasks, len) = (8, 3000);
+    let target = (buffer.addr() + (32 << 10)) as u64;
+    let requests = holding::neighbours_last_first(buffer.addr(), target, tasks, len);
+    let batch = engine.allocate_batch(tasks).unwrap();
+    engine.submit(&batch, &requests).unwrap();
+    let status = batch.wait(Duration::from_secs(5));
+    assert_eq!(status.completed, tasks, "{status:?}");
+    for task in 0..tasks {
+        assert_eq!(
+            batch.task_status(task).unwrap().transferred_bytes,
+            len as u64
+        );
+    }
+    let run = tasks * len;
+    let near_slices: Vec<(usize, usize)> = tern_engine::slicing::split(run, 16 << 10, 0).collect();
+    assert_eq!(near_declined.load(Ordering::Relaxed), near_slices.len());
+    let far_slices: usize = near_slices
+        .iter()
+        .map(|&(_, n)| tern_engine::slicing::split(n, 4096, 0).count())
+        .sum();
+    assert_eq!(
+        moved_by(&engine.stats(), "far"),
+        (far_slices as u64, run as u64)
+    );
+}

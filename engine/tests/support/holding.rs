@@ -6,7 +6,44 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
-use tern_engine::{RegionInfo, SegmentDesc, Slice, Transport, TransportContext, TransportError};
+use tern_engine::{
+    RegionInfo, SegmentDesc, SegmentId, Slice, TransferEngine, TransferRequest, Transport,
+    TransportContext, TransportError,
+};
+
+/// An engine on loopback whose only transport holds its slices.
+#[allow(dead_code)]
+pub fn holding_engine() -> (TransferEngine, HoldingTransport) {
+    let transport = HoldingTransport::default();
+    let engine = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transport(transport.clone())
+        .build()
+        .unwrap();
+    (engine, transport)
+}
+
+/// `tasks` writes of `len` bytes, neighbours on both sides (from `source` to the local
+/// segment at `target`), last first: merged, they make one run whatever their order.
+#[allow(dead_code)]
+pub fn neighbours_last_first(
+    source: usize,
+    target: u64,
+    tasks: usize,
+    len: usize,
+) -> Vec<TransferRequest> {
+    (0..tasks)
+        .rev()
+        .map(|i| {
+            TransferRequest::write(
+                source + i * len,
+                SegmentId::LOCAL,
+                target + (i * len) as u64,
+                len,
+            )
+        })
+        .collect()
+}
 
 #[derive(Clone, Default)]
 pub struct HoldingTransport {

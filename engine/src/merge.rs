@@ -1,0 +1,227 @@
+//! Merging the neighbouring requests of one submit call into runs, so that the number of
+//! requests stops mattering: a serving stack submits one request per (layer, page), and
+//! consecutive pages of a layer are contiguous on both sides. A run is moved as one range,
+//! cut into slices by the transport's slice size; each request stays its own task.
+//!
+//! The planner is pure: it sees requests already checked (each inside one local region and
+//! one of the peer's buffers) as plain numbers, and decides which go together.
+
+use crate::types::Opcode;
+
+/// A checked request, as the planner sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Extent {
+    /// The peer, as the descriptor the request was checked against: requests checked against
+    /// two versions of one peer's descriptor (a re-fetch between them) never merge.
+    pub peer: usize,
+    pub opcode: Opcode,
+    pub local: usize,
+    pub remote: u64,
+    pub len: usize,
+    /// Start of the registered local region holding `[local, local + len)`.
+    pub local_region: usize,
+    /// Start of the peer's buffer holding `[remote, remote + len)`.
+    pub remote_buffer: u64,
+    /// The task (index in its batch).
+    pub task: u32,
+    /// The submission (pin and peer) the request was checked with, an index the caller
+    /// keeps: a run uses its first request's, which covers the whole run.
+    pub submission: u32,
+}
+
+impl Extent {
+    /// The order in which neighbours sit next to each other; the task breaks ties, so that
+    /// overlapping requests keep their submission order.
+    fn order(&self) -> (usize, bool, usize, u32) {
+        (
+            self.peer,
+            self.opcode == Opcode::Write,
+            self.local,
+            self.task,
+        )
+    }
+
+    /// Whether `next` continues a run that ends with `self` and is `run_len` bytes long,
+    /// without making it longer than `max_run`.
+    fn continues_into(&self, next: &Extent, run_len: u64, max_run: u64) -> bool {
+        self.peer == next.peer
+            && self.opcode == next.opcode
+            && self.local_region == next.local_region
+            && self.remote_buffer == next.remote_buffer
+            && self.local.checked_add(self.len) == Some(next.local)
+            && self.remote.checked_add(self.len as u64) == Some(next.remote)
+            && run_len.saturating_add(next.len as u64) <= max_run
+    }
+}
+
+/// Hands `each_run` the runs of `extents`: neighbours (same peer and opcode, contiguous both
+/// locally and remotely, in one local region and one remote buffer) together, at most
+/// `max_run` bytes each. With `merge` off, each request is a run of its own, in submission
+/// order. With it on, `extents` is sorted first unless it already is (the common case costs
+/// one pass), so that neighbours submitted in any order meet.
+pub(crate) fn plan(
+    extents: &mut [Extent],
+    merge: bool,
+    max_run: u64,
+    mut each_run: impl FnMut(&[Extent]),
+) {
+    if !merge {
+        for extent in extents.chunks(1) {
+            each_run(extent);
+        }
+        return;
+    }
+    if !extents.is_sorted_by_key(Extent::order) {
+        extents.sort_unstable_by_key(Extent::order);
+    }
+    let mut start = 0;
+    let mut run_len = 0u64;
+    for i in 0..extents.len() {
+        if i > start && !extents[i - 1].continues_into(&extents[i], run_len, max_run) {
+            each_run(&extents[start..i]);
+            (start, run_len) = (i, 0);
+        }
+        run_len = run_len.saturating_add(extents[i].len as u64);
+    }
+    if start < extents.len() {
+        each_run(&extents[start..]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: usize = 16 << 10;
+    /// Where the test's local region and remote buffer start.
+    const LOCAL: usize = 1 << 30;
+    const REMOTE: u64 = 1 << 40;
+
+    /// Page `page` read from peer 1: local and remote both at `page × PAGE` from their base.
+    fn page(task: u32, page: usize) -> Extent {
+        Extent {
+            peer: 1,
+            opcode: Opcode::Read,
+            local: LOCAL + page * PAGE,
+            remote: REMOTE + (page * PAGE) as u64,
+            len: PAGE,
+            local_region: LOCAL,
+            remote_buffer: REMOTE,
+            task,
+            submission: 0,
+        }
+    }
+
+    /// The runs, as the tasks of each.
+    fn runs(extents: &mut [Extent], merge: bool, max_run: u64) -> Vec<Vec<u32>> {
+        let mut runs = Vec::new();
+        plan(extents, merge, max_run, |run| {
+            runs.push(run.iter().map(|e| e.task).collect())
+        });
+        runs
+    }
+
+    fn tasks(range: std::ops::Range<u32>) -> Vec<u32> {
+        range.collect()
+    }
+
+    #[test]
+    fn contiguous_pages_make_one_run_and_merging_off_makes_one_per_request() {
+        let mut extents: Vec<_> = (0..64).map(|i| page(i, i as usize)).collect();
+        assert_eq!(runs(&mut extents, true, u64::MAX), [tasks(0..64)]);
+        let alone: Vec<Vec<u32>> = (0..64).map(|i| vec![i]).collect();
+        assert_eq!(runs(&mut extents, false, u64::MAX), alone);
+    }
+
+    #[test]
+    fn neighbours_submitted_out_of_order_are_merged_in_address_order() {
+        // Pages 0..16 submitted as 8..16 then 0..8 reversed: one run, in address order.
+        let order: Vec<usize> = (8..16).chain((0..8).rev()).collect();
+        let mut extents: Vec<_> = order
+            .iter()
+            .enumerate()
+            .map(|(task, &p)| page(task as u32, p))
+            .collect();
+        let by_address: Vec<u32> = (0..16)
+            .map(|p| order.iter().position(|&o| o == p).unwrap() as u32)
+            .collect();
+        assert_eq!(runs(&mut extents, true, u64::MAX), [by_address]);
+    }
+
+    #[test]
+    fn a_gap_or_an_overlap_ends_a_run() {
+        // Pages 0, 1, then 3 (a gap), then page 3 again shifted by one byte (an overlap).
+        let mut overlap = page(3, 3);
+        overlap.local += 1;
+        overlap.remote += 1;
+        let mut extents = [page(0, 0), page(1, 1), page(2, 3), overlap];
+        assert_eq!(
+            runs(&mut extents, true, u64::MAX),
+            [vec![0, 1], vec![2], vec![3]]
+        );
+        // Contiguous locally, not remotely: no run.
+        let mut remote_gap = page(1, 1);
+        remote_gap.remote += PAGE as u64;
+        let mut extents = [page(0, 0), remote_gap];
+        assert_eq!(runs(&mut extents, true, u64::MAX), [vec![0], vec![1]]);
+    }
+
+    #[test]
+    fn different_peers_or_opcodes_never_merge() {
+        let mut other_peer = page(1, 1);
+        other_peer.peer = 2;
+        let mut write = page(2, 2);
+        write.opcode = Opcode::Write;
+        let mut extents = [page(0, 0), other_peer, write, page(3, 3)];
+        let mut found = runs(&mut extents, true, u64::MAX);
+        found.sort();
+        assert_eq!(found, [vec![0], vec![1], vec![2], vec![3]]);
+    }
+
+    #[test]
+    fn a_huge_request_beside_small_ones_joins_their_run() {
+        // Pages 0..4, then one request of 1 GiB right after them, then page 4 + 1 GiB/PAGE.
+        let huge_pages = (1 << 30) / PAGE;
+        let mut huge = page(4, 4);
+        huge.len = 1 << 30;
+        let after = page(5, 4 + huge_pages);
+        let mut extents: Vec<_> = (0..4).map(|i| page(i, i as usize)).collect();
+        extents.extend([huge, after]);
+        assert_eq!(runs(&mut extents, true, u64::MAX), [tasks(0..6)]);
+        // A cap on a run's bytes cuts it where the next request would pass it.
+        assert_eq!(
+            runs(&mut extents, true, (4 * PAGE) as u64 + (1 << 30)),
+            [tasks(0..5), vec![5]]
+        );
+    }
+
+    #[test]
+    fn a_run_never_crosses_a_local_region_or_a_remote_buffer() {
+        // Page 2 is the first of another local region that starts right where the first
+        // ends; page 4 the first of another remote buffer likewise.
+        let mut extents: Vec<_> = (0..6).map(|i| page(i, i as usize)).collect();
+        for extent in &mut extents[2..] {
+            extent.local_region = LOCAL + 2 * PAGE;
+        }
+        for extent in &mut extents[4..] {
+            extent.remote_buffer = REMOTE + (4 * PAGE) as u64;
+        }
+        assert_eq!(
+            runs(&mut extents, true, u64::MAX),
+            [vec![0, 1], vec![2, 3], vec![4, 5]]
+        );
+    }
+
+    #[test]
+    fn interleaved_layers_sort_into_one_run_per_layer() {
+        // Two layers 1 MiB apart, their pages submitted alternately.
+        let layer_pages = (1 << 20) / PAGE;
+        let mut extents: Vec<_> = (0..8)
+            .map(|i| page(i, (i as usize % 2) * layer_pages + i as usize / 2))
+            .collect();
+        assert_eq!(
+            runs(&mut extents, true, u64::MAX),
+            [vec![0, 2, 4, 6], vec![1, 3, 5, 7]]
+        );
+    }
+}

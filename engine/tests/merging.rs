@@ -1,0 +1,322 @@
+//! Neighbouring requests merged at submit: bytes land where each request says over the real
+//! TCP transport whatever order the pages come in, each request stays its own task with its
+//! own status and bytes, and a slice of a merged run that fails, declines or is cut off
+//! touches exactly the tasks whose bytes it holds. The slice-level cases use a transport
+//! that holds slices until the test reports them.
+
+use std::time::Duration;
+
+use tern_engine::slicing::split;
+use tern_engine::{
+    Batch, BatchState, OwnedBuffer, SegmentId, Slice, TransferEngine, TransferError,
+    TransferRequest, TransferStatus,
+};
+use tern_transport_tcp::{TcpConfig, TcpTransport};
+
+#[path = "support/holding.rs"]
+mod holding;
+use holding::HoldingTransport;
+
+/// A page size that does not divide the slice size, so that slices straddle pages.
+const PAGE: usize = 12 << 10;
+const TCP_SLICE: usize = 64 << 10;
+const PAGES_PER_LAYER: usize = 100;
+/// Layers sit this far apart, with a gap after each layer's pages.
+const LAYER_STRIDE: usize = 2 << 20;
+const LAYERS: usize = 2;
+
+fn tcp_engine(merge: bool) -> TransferEngine {
+    TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .merge_requests(merge)
+        .transport(TcpTransport::new(TcpConfig {
+            slice_size: TCP_SLICE,
+            ..TcpConfig::default()
+        }))
+        .build()
+        .unwrap()
+}
+
+/// A permutation of `0..n` from a fixed seed (xorshift, Fisher–Yates).
+fn shuffled(n: usize, mut seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        order.swap(i, (seed % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
+/// Offset of page `page` of layer `layer` in either side's buffer.
+fn page_offset(layer: usize, page: usize) -> usize {
+    layer * LAYER_STRIDE + page * PAGE
+}
+
+fn pattern(offset: usize, salt: u8) -> u8 {
+    (offset as u8) ^ ((offset >> 9) as u8).wrapping_mul(31) ^ salt
+}
+
+fn fill(buffer: &OwnedBuffer, salt: u8) {
+    let bytes: Vec<u8> = (0..buffer.len()).map(|i| pattern(i, salt)).collect();
+    buffer.write_at(0, &bytes).unwrap();
+}
+
+fn contents(buffer: &OwnedBuffer) -> Vec<u8> {
+    let mut bytes = vec![0; buffer.len()];
+    buffer.read_at(0, &mut bytes).unwrap();
+    bytes
+}
+
+/// Two TCP engines on loopback, the initiator's buffer zeroed and the target's patterned:
+/// `(initiator, target, its segment, local buffer, remote buffer)`.
+fn tcp_pair(
+    merge: bool,
+) -> (
+    TransferEngine,
+    TransferEngine,
+    SegmentId,
+    OwnedBuffer,
+    OwnedBuffer,
+) {
+    let target = tcp_engine(true);
+    let initiator = tcp_engine(merge);
+    let len = LAYERS * LAYER_STRIDE;
+    let remote = target.allocate(len, "cpu:0").unwrap();
+    fill(&remote, 0x5A);
+    let local = initiator.allocate(len, "cpu:0").unwrap();
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    (initiator, target, peer, local, remote)
+}
+
+/// Every (layer, page), in the order `order` gives the pages of all layers.
+fn page_requests(
+    order: &[usize],
+    make: impl Fn(usize, u64, usize) -> TransferRequest,
+    local: &OwnedBuffer,
+    remote: &OwnedBuffer,
+) -> Vec<TransferRequest> {
+    order
+        .iter()
+        .map(|&n| {
+            let offset = page_offset(n % LAYERS, n / LAYERS);
+            make(local.addr() + offset, (remote.addr() + offset) as u64, PAGE)
+        })
+        .collect()
+}
+
+/// Submits `requests` as one batch and waits for every one of them to complete.
+fn run_to_completion(engine: &TransferEngine, requests: &[TransferRequest]) -> Batch {
+    let batch = engine.allocate_batch(requests.len()).unwrap();
+    engine.submit(&batch, requests).unwrap();
+    let status = batch.wait(Duration::from_secs(60));
+    assert_eq!(status.state, BatchState::Completed, "{status:?}");
+    batch
+}
+
+fn tcp_slices(engine: &TransferEngine) -> u64 {
+    engine
+        .stats()
+        .transports
+        .iter()
+        .find(|t| t.protocol == "tcp")
+        .map_or(0, |t| t.slices)
+}
+
+/// Reads every page of both layers, shuffled, into the initiator; returns the TCP slices
+/// that took.
+fn read_shuffled_pages(merge: bool) -> u64 {
+    let (initiator, _target, peer, local, remote) = tcp_pair(merge);
+    let order = shuffled(LAYERS * PAGES_PER_LAYER, 0x9E37_79B9);
+    let read = |local, remote, len| TransferRequest::read(local, peer, remote, len);
+    let requests = page_requests(&order, read, &local, &remote);
+    let batch = run_to_completion(&initiator, &requests);
+    for task in 0..requests.len() {
+        let task_status = batch.task_status(task).unwrap();
+        assert_eq!(
+            (task_status.status, task_status.transferred_bytes),
+            (TransferStatus::Completed, PAGE as u64),
+            "task {task}"
+        );
+    }
+    let (moved, wanted) = (contents(&local), contents(&remote));
+    for layer in 0..LAYERS {
+        let pages = page_offset(layer, 0)..page_offset(layer, PAGES_PER_LAYER);
+        assert!(moved[pages.clone()] == wanted[pages], "layer {layer}");
+        // The gap after the layer's pages is not part of any request: still zero.
+        let gap = page_offset(layer, PAGES_PER_LAYER)..(layer + 1) * LAYER_STRIDE;
+        assert!(moved[gap].iter().all(|&b| b == 0), "layer {layer}'s gap");
+    }
+    tcp_slices(&initiator)
+}
+
+#[test]
+fn shuffled_pages_land_where_each_request_says_in_slices_cut_from_each_layers_run() {
+    let layer_run = PAGES_PER_LAYER * PAGE;
+    let merged = read_shuffled_pages(true);
+    // Each layer is one run cut at the slice size: no slice per page, none across layers.
+    assert_eq!(
+        merged as usize,
+        LAYERS * split(layer_run, TCP_SLICE, 0).count()
+    );
+    let unmerged = read_shuffled_pages(false);
+    assert_eq!(unmerged as usize, LAYERS * PAGES_PER_LAYER);
+}
+
+#[test]
+fn pages_written_in_runs_in_a_random_order_land_at_the_target() {
+    let (initiator, _target, peer, local, remote) = tcp_pair(true);
+    fill(&local, 0xC3);
+    // Runs of 8 consecutive pages, the runs in a shuffled order.
+    let runs = LAYERS * PAGES_PER_LAYER / 8;
+    let order: Vec<usize> = shuffled(runs, 7)
+        .into_iter()
+        .flat_map(|run| {
+            (run * 8..run * 8 + 8).map(|i| (i % PAGES_PER_LAYER) * LAYERS + i / PAGES_PER_LAYER)
+        })
+        .collect();
+    let write = |local, remote, len| TransferRequest::write(local, peer, remote, len);
+    let requests = page_requests(&order, write, &local, &remote);
+    let batch = run_to_completion(&initiator, &requests);
+    let status = batch.status();
+    assert_eq!(status.transferred_bytes, (requests.len() * PAGE) as u64);
+    let (sent, landed) = (contents(&local), contents(&remote));
+    for &n in &order[..runs * 8] {
+        let offset = page_offset(n % LAYERS, n / LAYERS);
+        assert!(
+            sent[offset..offset + PAGE] == landed[offset..offset + PAGE],
+            "page {n}"
+        );
+    }
+}
+
+/// An engine over the holding transport (4 KiB slices), with a local buffer and a target
+/// range for `tasks` contiguous requests of `len` bytes each, submitted in reverse order:
+/// `(engine, transport, batch, source of request 0, the requests)`.
+fn held_run(
+    tasks: usize,
+    len: usize,
+) -> (
+    TransferEngine,
+    HoldingTransport,
+    Batch,
+    OwnedBuffer,
+    Vec<TransferRequest>,
+) {
+    let (engine, transport) = holding::holding_engine();
+    let buffer = engine.allocate(2 * tasks * len, "cpu:0").unwrap();
+    let target = (buffer.addr() + tasks * len) as u64;
+    let requests = holding::neighbours_last_first(buffer.addr(), target, tasks, len);
+    let batch = engine.allocate_batch(tasks).unwrap();
+    engine.submit(&batch, &requests).unwrap();
+    (engine, transport, batch, buffer, requests)
+}
+
+/// Bytes of `[start, start + len)` inside `slice`'s local range.
+fn overlap(slice: &Slice, start: usize, len: usize) -> u64 {
+    let from = start.max(slice.local_addr);
+    let to = (start + len).min(slice.local_addr + slice.len);
+    to.saturating_sub(from) as u64
+}
+
+#[test]
+fn a_failed_slice_of_a_merged_run_fails_exactly_the_tasks_whose_bytes_it_held() {
+    let (engine, transport, batch, _buffer, requests) = held_run(10, 1000);
+    let mut slices = transport.take();
+    // 10 000 bytes as one run in 4 KiB slices, not ten slices of 1000.
+    assert_eq!(slices.len(), split(10_000, 4096, 0).count());
+    slices.sort_by_key(|s| s.local_addr);
+    let failed = slices.remove(1);
+    let (failed_start, failed_len) = (failed.local_addr, failed.len);
+    let completed: Vec<(usize, usize)> = slices.iter().map(|s| (s.local_addr, s.len)).collect();
+    let credited = |request: &TransferRequest| -> u64 {
+        completed
+            .iter()
+            .map(|&(start, len)| {
+                let from = start.max(request.source);
+                let to = (start + len).min(request.source + request.length);
+                to.saturating_sub(from) as u64
+            })
+            .sum()
+    };
+    let in_failed: Vec<bool> = requests
+        .iter()
+        .map(|r| overlap(&failed, r.source, r.length) > 0)
+        .collect();
+    failed.fail_unsent(TransferError::Dropped("on purpose".into()));
+    for slice in slices {
+        slice.complete();
+    }
+    let status = batch.wait(Duration::from_secs(10));
+    assert_eq!(status.failed, in_failed.iter().filter(|&&f| f).count());
+    assert!(status.failed > 1 && status.completed > 1, "{status:?}");
+    for (task, request) in requests.iter().enumerate() {
+        let task_status = batch.task_status(task).unwrap();
+        if in_failed[task] {
+            assert!(
+                matches!(
+                    task_status.status,
+                    TransferStatus::Failed(TransferError::Dropped(_))
+                ),
+                "task {task} held bytes of [{failed_start:#x}, +{failed_len}): {task_status:?}"
+            );
+            assert!(!task_status.remote_may_change, "no byte of it left");
+        } else {
+            assert_eq!(task_status.status, TransferStatus::Completed, "task {task}");
+        }
+        // What the completed slices held of each task, failed or not.
+        assert_eq!(
+            task_status.transferred_bytes,
+            credited(request),
+            "task {task}"
+        );
+    }
+    // The slices count once each, however many tasks they held bytes of.
+    let hold = &engine.stats().transports[0];
+    assert_eq!((hold.slices, hold.failures), (2, 1));
+    assert_eq!(
+        hold.bytes,
+        completed.iter().map(|c| c.1 as u64).sum::<u64>()
+    );
+}
+
+#[test]
+fn a_canceled_merged_run_shows_every_task_canceled_once_its_slices_are_cut_off() {
+    let (engine, transport, batch, buffer, _requests) = held_run(6, 1500);
+    assert_eq!(batch.cancel(), 6);
+    assert!(transport.take().is_empty(), "cancel cut every slice off");
+    for task in 0..6 {
+        assert_eq!(
+            batch.task_status(task).unwrap().status,
+            TransferStatus::Canceled
+        );
+    }
+    engine.free_batch(&batch).unwrap();
+    drop(buffer);
+}
+
+#[test]
+fn a_slice_of_a_merged_run_cut_in_pieces_completes_each_task_once_all_its_pieces_have() {
+    let (_engine, transport, batch, _buffer, requests) = held_run(5, 1000);
+    let mut pieces = Vec::new();
+    for slice in transport.take() {
+        // Cuts at 512-byte multiples: some through a task, some between two.
+        slice.cut(7, 512, |_, piece| pieces.push(piece));
+    }
+    pieces.sort_by_key(|p| p.local_addr);
+    let last = pieces.pop().unwrap();
+    for piece in pieces {
+        piece.complete();
+    }
+    // Only the tasks the last piece holds bytes of are still pending.
+    for (task, request) in requests.iter().enumerate() {
+        let pending = overlap(&last, request.source, request.length) > 0;
+        let status = batch.task_status(task).unwrap().status;
+        assert_eq!(status == TransferStatus::Pending, pending, "task {task}");
+    }
+    last.complete();
+    let status = batch.wait(Duration::from_secs(10));
+    assert_eq!(status.completed, 5);
+    assert_eq!(status.transferred_bytes, 5000);
+}
