@@ -232,3 +232,101 @@ fn engines_of_one_process_copy_device_memory_with_the_gpu_over_the_same_host_tra
     assert_eq!(tcp.bytes, 0, "TCP carried {}", tcp.bytes);
     drop((initiator, peer_engine, host_target));
 }
+
+#[test]
+fn a_transfer_on_a_stream_waits_for_the_work_before_it_and_holds_the_work_after_it() {
+    let gpu = gpu();
+    let (source, target, landing) = (
+        gpu.allocate(LEN).unwrap(),
+        gpu.allocate(LEN).unwrap(),
+        gpu.allocate(LEN).unwrap(),
+    );
+    let data = pattern(LEN, 33);
+    source.write(0, &data).unwrap();
+    let (initiator, peer_engine) = (tcp_engine(false), tcp_engine(false));
+    register(&initiator, &source, "*");
+    register(&initiator, &landing, "*");
+    register(&peer_engine, &target, "*");
+    let peer = initiator.open_segment(peer_engine.segment_name()).unwrap();
+    let at = remote_addr(&initiator, peer, LEN);
+    let stream = tern_cuda::Stream::new(gpu).unwrap();
+    let caller = stream.caller().unwrap();
+
+    // The stream is held by work of its own (a gate the test opens); a write ordered after it
+    // must not start before that work is done, however long it takes.
+    let earlier_work = caller.gate().unwrap();
+    caller.hold_until(&earlier_work).unwrap();
+    let write = initiator
+        .submit_on_stream(
+            &caller,
+            vec![TransferRequest::write(
+                source.addr() as usize,
+                peer,
+                at,
+                LEN,
+            )],
+        )
+        .unwrap();
+    assert!(write.wait(Duration::from_millis(300)).is_none());
+    assert!(
+        device_bytes(&target).iter().all(|&b| b == 0),
+        "the write started before the work enqueued before it was done"
+    );
+    earlier_work.open();
+    let moved = write
+        .wait(Duration::from_secs(60))
+        .expect("the write ended")
+        .unwrap();
+    assert_eq!(moved, LEN as u64);
+    assert!(device_bytes(&target) == data);
+
+    // Work enqueued after a read runs only once the read is over: an event recorded after
+    // it completes after the transfer has ended.
+    let read = initiator
+        .submit_on_stream(
+            &caller,
+            vec![TransferRequest::read(
+                landing.addr() as usize,
+                peer,
+                at,
+                LEN,
+            )],
+        )
+        .unwrap();
+    let later_work = tern_cuda::Event::new(gpu).unwrap();
+    stream.record(&later_work).unwrap();
+    later_work.synchronize().unwrap();
+    assert!(
+        read.is_done(),
+        "work after the read ran before the read was over"
+    );
+    assert_eq!(read.wait(Duration::ZERO).unwrap().unwrap(), LEN as u64);
+    assert!(device_bytes(&landing) == data);
+
+    // A failed transfer releases the stream too, and says why; nothing ends the process.
+    let failing = initiator
+        .submit_on_stream(
+            &caller,
+            vec![TransferRequest::write(
+                source.addr() as usize,
+                peer,
+                at + LEN as u64 - 8,
+                16,
+            )],
+        )
+        .unwrap();
+    let after_failure = tern_cuda::Event::new(gpu).unwrap();
+    stream.record(&after_failure).unwrap();
+    after_failure.synchronize().unwrap();
+    let failed = failing
+        .wait(Duration::ZERO)
+        .expect("over once the stream went on");
+    assert!(
+        matches!(
+            failed.as_ref().map_err(|e| &**e),
+            Err(tern_engine::EngineError::TransferFailed { .. })
+        ),
+        "{failed:?}"
+    );
+    drop((initiator, peer_engine));
+}

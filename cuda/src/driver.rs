@@ -112,6 +112,13 @@ pub(crate) const STREAM_NON_BLOCKING: c_uint = 1;
 pub(crate) const EVENT_DISABLE_TIMING: c_uint = 2;
 /// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context, not only the current one.
 pub(crate) const MEMHOSTALLOC_PORTABLE: c_uint = 1;
+/// `CU_MEMHOSTALLOC_DEVICEMAP`: mapped into the device's address space as well.
+pub(crate) const MEMHOSTALLOC_DEVICEMAP: c_uint = 2;
+/// `CU_STREAM_WAIT_VALUE_GEQ`: wait until `(int32_t)(*addr - value) >= 0`, a cyclic
+/// comparison that ignores wraparound (Driver API, CUstreamWaitValue_flags).
+pub(crate) const STREAM_WAIT_VALUE_GEQ: c_uint = 0;
+/// `CUDA_ERROR_NOT_READY`: what `cuEventQuery` answers while the event's work runs.
+pub(crate) const ERROR_NOT_READY: CuResult = 600;
 
 /// The library loaded when `TERN_CUDA_DRIVER` does not name another one.
 pub const DEFAULT_DRIVER: &str = "libcuda.so.1";
@@ -201,6 +208,13 @@ entry_points! {
     mem_map = "cuMemMap": fn(CuDevicePtr, usize, usize, CuMemHandle, u64);
     mem_unmap = "cuMemUnmap": fn(CuDevicePtr, usize);
     mem_set_access = "cuMemSetAccess": fn(CuDevicePtr, usize, *const AccessDesc, usize);
+    stream_wait_value32 = "cuStreamWaitValue32_v2": fn(CuStream, CuDevicePtr, u32, c_uint);
+    stream_get_ctx = "cuStreamGetCtx": fn(CuStream, *mut CuContext);
+    ctx_get_current = "cuCtxGetCurrent": fn(*mut CuContext);
+    ctx_get_device = "cuCtxGetDevice": fn(*mut CuDevice);
+    event_query = "cuEventQuery": fn(CuEvent);
+    mem_host_get_device_pointer = "cuMemHostGetDevicePointer_v2":
+        fn(*mut CuDevicePtr, *mut c_void, c_uint);
 }
 
 /// A loaded CUDA driver: the library, its entry points and its version. One per process,

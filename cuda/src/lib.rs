@@ -11,7 +11,8 @@
 //! to stage through ([`PinnedBuffer`]); device memory shared with other processes of the host
 //! by CUDA IPC handles or, for VMM memory, POSIX file descriptors of its chunks
 //! ([`Device::share`], [`Device::open_ipc`], [`Device::map_shared`]); and device allocations
-//! for tests and benchmarks ([`DeviceBuffer`], [`ChunkedBuffer`]).
+//! for tests and benchmarks ([`DeviceBuffer`], [`ChunkedBuffer`]); and host work ordered on a
+//! caller's stream without blocking a host thread ([`CallerStream`]).
 //!
 //! It must not know about regions, transports or the engine: `tern-memreg` decides which
 //! memory is copied where. Every `unsafe` block cites the Driver API reference's guarantee
@@ -23,6 +24,7 @@ mod driver;
 mod error;
 mod memory;
 mod share;
+mod stream_order;
 
 pub use device::{Current, Device, MemoryKind, memory_kind, memory_kind_loading};
 pub use driver::IPC_HANDLE_LEN;
@@ -30,3 +32,4 @@ pub use driver::{DEFAULT_DRIVER, DRIVER_ENV, Driver, driver, loaded, use_driver}
 pub use error::CudaError;
 pub use memory::{DeviceBuffer, Event, PinnedBuffer, Stream};
 pub use share::{ChunkReach, ChunkedBuffer, PeerMemory, SharedChunk};
+pub use stream_order::{CallerStream, Gate, Mark};

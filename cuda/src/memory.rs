@@ -166,7 +166,7 @@ impl Drop for DeviceBuffer {
 #[derive(Debug)]
 pub struct Stream {
     device: &'static Device,
-    raw: CuStream,
+    pub(crate) raw: CuStream,
 }
 
 // SAFETY: a CUstream may be used from any thread whose current context is its own, which

@@ -253,6 +253,7 @@ impl TransferEngineBuilder {
 
         let inner = Arc::new_cyclic(|weak: &Weak<EngineInner>| EngineInner {
             weak: weak.clone(),
+            stream_watcher: Default::default(),
             local_server_name,
             segment_name,
             advertised_ip,
@@ -300,7 +301,7 @@ impl TransferEngineBuilder {
                 source,
             });
         }
-        let engine = TransferEngine { inner };
+        let engine = TransferEngine::owning(inner);
         engine.start()?;
         let weak = Arc::downgrade(&engine.inner);
         engine

@@ -48,6 +48,8 @@ pub(crate) struct EngineInner {
     pub(crate) rpc_client: RpcClientConfig,
     pub(crate) pretouch: PretouchPolicy,
     pub(crate) rpc_server: Mutex<Option<RpcServer>>,
+    /// The thread that runs transfers ordered on CUDA streams, once there is one.
+    pub(crate) stream_watcher: crate::on_stream::StreamWatcher,
 }
 
 pub(crate) fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -67,6 +69,9 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Dropping the engine stops its listeners and workers and withdraws its metadata.
 pub struct TransferEngine {
     pub(crate) inner: Arc<EngineInner>,
+    /// Whether dropping this value shuts the engine down: true for the engine the builder
+    /// made, false for the handles the engine's own threads use for a moment.
+    owner: bool,
 }
 
 impl std::fmt::Debug for TransferEngine {
@@ -156,8 +161,26 @@ impl TransferEngine {
     }
 }
 
+impl TransferEngine {
+    /// The engine the builder made from `inner`: dropping it shuts the engine down.
+    pub(crate) fn owning(inner: Arc<EngineInner>) -> Self {
+        Self { inner, owner: true }
+    }
+
+    /// A handle on a running engine for its own threads: dropping it leaves the engine up.
+    pub(crate) fn handle(inner: Arc<EngineInner>) -> Self {
+        Self {
+            inner,
+            owner: false,
+        }
+    }
+}
+
 impl Drop for TransferEngine {
     fn drop(&mut self) {
+        if !self.owner {
+            return;
+        }
         lock(&self.inner.rpc_server).take();
         for transport in &self.inner.transports {
             transport.shutdown();

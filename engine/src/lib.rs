@@ -36,6 +36,7 @@ mod engine;
 mod error;
 mod memory;
 mod merge;
+mod on_stream;
 mod rpc;
 mod segments;
 pub mod slicing;
@@ -49,13 +50,14 @@ pub use builder::{METRICS_ENV, TRANSFER_TIMEOUT_ENV, TransferEngineBuilder, WAIT
 pub use engine::TransferEngine;
 pub use error::{EngineError, TransferError};
 pub use memory::OwnedBuffer;
+pub use on_stream::StreamTransfer;
 pub use stats::{
     DeclinedStats, EngineStats, LATENCY_BUCKETS_US, LatencyStats, LocalCounter, MovedCounter,
     NicStats, PROMETHEUS_CONTENT_TYPE, PeerState, PeerStats, ReportTogether, SIZE_CLASSES,
     ServedStats, SharedMovedCounter, TransportReport, TransportStats,
 };
 /// The CUDA driver, loaded on first use (device memory needs one).
-pub use tern_cuda::{CudaError, driver as cuda_driver};
+pub use tern_cuda::{CallerStream, CudaError, driver as cuda_driver};
 pub use tern_memreg::{
     AlignedBuffer, MemoryKind, Pinned, PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw,
 };

@@ -17,6 +17,7 @@ mod config;
 mod core;
 mod errors;
 mod mooncake;
+mod on_stream;
 mod pythonic;
 mod raw;
 
@@ -52,6 +53,7 @@ fn _tern(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pythonic::PyBatch>()?;
     m.add_class::<pythonic::OwnedMemory>()?;
     m.add_class::<pythonic::Waker>()?;
+    m.add_class::<on_stream::StreamTransfer>()?;
     m.add_function(wrap_pyfunction!(mooncake::local_topology, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_driver, m)?)?;
     Ok(())

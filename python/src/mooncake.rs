@@ -72,6 +72,23 @@ fn one(opcode: Opcode, buffer: u64, peer_buffer_address: u64, length: u64) -> Re
     )])
 }
 
+/// The requests, addressed to `segment`.
+pub(crate) fn to_segment(
+    requests: &[(Opcode, usize, u64, usize)],
+    segment: SegmentId,
+) -> Vec<TransferRequest> {
+    requests
+        .iter()
+        .map(|&(opcode, source, target_offset, length)| TransferRequest {
+            opcode,
+            source,
+            target: segment,
+            target_offset,
+            length,
+        })
+        .collect()
+}
+
 /// Lists of addresses and lengths as requests, or why not.
 fn zip_requests(
     opcode: Opcode,
@@ -181,16 +198,7 @@ impl MooncakeEngine {
                     segment,
                 });
             }
-            let requests: Vec<TransferRequest> = requests
-                .iter()
-                .map(|&(opcode, source, target_offset, length)| TransferRequest {
-                    opcode,
-                    source,
-                    target: segment,
-                    target_offset,
-                    length,
-                })
-                .collect();
+            let requests = to_segment(&requests, segment);
             let batch = engine.allocate_batch(requests.len())?;
             if let Err(e) = engine.submit(&batch, &requests) {
                 let _ = engine.close_segment(segment);
@@ -212,6 +220,27 @@ impl MooncakeEngine {
                 0
             }
         }
+    }
+
+    /// Orders requests on a CUDA stream; a `RuntimeError` when that cannot start, as in
+    /// Mooncake.
+    fn on_cuda(
+        &self,
+        py: Python<'_>,
+        method: &str,
+        target: Option<String>,
+        requests: Requests,
+        stream_ptr: u64,
+    ) -> PyResult<crate::on_stream::StreamTransfer> {
+        let refuse = |reason: String| {
+            pyo3::exceptions::PyRuntimeError::new_err(format!("{method}: {reason}"))
+        };
+        let state = self
+            .ready(py, method)
+            .ok_or_else(|| refuse("called before initialize".into()))?;
+        let target = target.ok_or_else(|| refuse("target_hostname is None".into()))?;
+        let requests = requests.map_err(refuse)?;
+        crate::on_stream::submit(py, &state.core, &target, &requests, stream_ptr)
     }
 
     /// Drops the cached segment of a failed batch and frees the batch once it is idle.
@@ -923,6 +952,105 @@ impl MooncakeEngine {
         self.ready(py, "get_stats_json").map_or_else(
             || "{}".to_owned(),
             |s| serde_json::to_string(&s.core.engine.stats()).unwrap_or_default(),
+        )
+    }
+
+    /// A write ordered on CUDA stream `stream_ptr` (0: the current context's default
+    /// stream): it starts after the work enqueued there before it, and the work enqueued
+    /// after it waits for it. Returns at once with a `StreamTransfer` (Mooncake returns
+    /// `None`); a failure is raised by its `wait()`, never by ending the process.
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, stream_ptr = 0, transport_hint = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_write_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: Option<String>,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        stream_ptr: u64,
+        transport_hint: Option<&str>,
+    ) -> PyResult<crate::on_stream::StreamTransfer> {
+        let _ = transport_hint;
+        let requests = one(Opcode::Write, buffer, peer_buffer_address, length);
+        self.on_cuda(
+            py,
+            "transfer_write_on_cuda",
+            target_hostname,
+            requests,
+            stream_ptr,
+        )
+    }
+
+    /// A read ordered on CUDA stream `stream_ptr`, as `transfer_write_on_cuda`.
+    #[pyo3(signature = (target_hostname, buffer, peer_buffer_address, length, stream_ptr = 0, transport_hint = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer_read_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: Option<String>,
+        buffer: u64,
+        peer_buffer_address: u64,
+        length: u64,
+        stream_ptr: u64,
+        transport_hint: Option<&str>,
+    ) -> PyResult<crate::on_stream::StreamTransfer> {
+        let _ = transport_hint;
+        let requests = one(Opcode::Read, buffer, peer_buffer_address, length);
+        self.on_cuda(
+            py,
+            "transfer_read_on_cuda",
+            target_hostname,
+            requests,
+            stream_ptr,
+        )
+    }
+
+    /// A batch of writes ordered on CUDA stream `stream_ptr`, as `transfer_write_on_cuda`.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr = 0, transport_hint = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_write_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: Option<String>,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        stream_ptr: u64,
+        transport_hint: Option<&str>,
+    ) -> PyResult<crate::on_stream::StreamTransfer> {
+        let _ = transport_hint;
+        let requests = zip_requests(Opcode::Write, &buffers, &peer_buffer_addresses, &lengths);
+        self.on_cuda(
+            py,
+            "batch_transfer_write_on_cuda",
+            target_hostname,
+            requests,
+            stream_ptr,
+        )
+    }
+
+    /// A batch of reads ordered on CUDA stream `stream_ptr`, as `transfer_write_on_cuda`.
+    #[pyo3(signature = (target_hostname, buffers, peer_buffer_addresses, lengths, stream_ptr = 0, transport_hint = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn batch_transfer_read_on_cuda(
+        &self,
+        py: Python<'_>,
+        target_hostname: Option<String>,
+        buffers: Vec<u64>,
+        peer_buffer_addresses: Vec<u64>,
+        lengths: Vec<u64>,
+        stream_ptr: u64,
+        transport_hint: Option<&str>,
+    ) -> PyResult<crate::on_stream::StreamTransfer> {
+        let _ = transport_hint;
+        let requests = zip_requests(Opcode::Read, &buffers, &peer_buffer_addresses, &lengths);
+        self.on_cuda(
+            py,
+            "batch_transfer_read_on_cuda",
+            target_hostname,
+            requests,
+            stream_ptr,
         )
     }
 }

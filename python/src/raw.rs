@@ -224,3 +224,15 @@ impl LocalMemory {
         Ok(pin.copy_to_slice(addr, out)?)
     }
 }
+
+/// The caller's CUDA stream `stream_ptr` (0: the legacy default stream of the calling
+/// thread's context), as `transfer_*_on_cuda` take it.
+pub(crate) fn caller_stream(
+    stream_ptr: u64,
+) -> Result<tern_engine::CallerStream<'static>, tern_engine::CudaError> {
+    // SAFETY: `stream_ptr` is a stream handle the caller made (`torch.cuda.Stream.cuda_stream`)
+    // or 0, and the caller keeps it alive across the call, as Mooncake's
+    // `transfer_*_on_cuda` require and `tern.mooncake`'s documentation says; the value is
+    // used only within the call (what is enqueued on the stream outlives it in the driver).
+    unsafe { tern_engine::CallerStream::from_raw(stream_ptr as usize) }
+}

@@ -127,3 +127,54 @@ def test_a_cuda_tensor_registers_as_device_memory(gpu):
         wrong.device = type("device", (), {"type": "cuda", "index": 1})
         with pytest.raises(tern.TransferError, match="cuda:0"):
             engine.register(wrong)
+
+
+def test_transfers_on_a_stream_keep_its_order_and_report_failure_without_exiting(gpu):
+    lib = gpu.lib
+    gpu._enter()
+    try:
+        stream = ctypes.c_void_p()
+        assert lib.cuStreamCreate(ctypes.byref(stream), 1) == 0
+        # A word of mapped pinned memory the stream waits on: the "earlier work" the test
+        # finishes when it chooses.
+        word = ctypes.c_void_p()
+        assert lib.cuMemHostAlloc(ctypes.byref(word), ctypes.c_size_t(4), 3) == 0
+        ctypes.c_uint32.from_address(word.value).value = 0
+        assert lib.cuStreamWaitValue32_v2(stream, ctypes.c_uint64(word.value), ctypes.c_uint32(1), 0) == 0
+    finally:
+        gpu._leave()
+    initiator, target = TransferEngine(), TransferEngine()
+    for engine in (initiator, target):
+        assert engine.initialize(LOCAL, "P2PHANDSHAKE", "tcp", "") == 0
+    source, remote = gpu.allocate(LEN), gpu.allocate(LEN)
+    data = pattern(LEN, 17)
+    gpu.write(source, data)
+    assert initiator.register_memory(source, LEN) == 0
+    assert target.register_memory(remote, LEN) == 0
+    session = f"{LOCAL}:{target.get_rpc_port()}"
+
+    handle = initiator.transfer_write_on_cuda(session, source, remote, LEN, stream.value)
+    # The call returned with the stream still held by earlier work: nothing has moved.
+    with pytest.raises(TimeoutError):
+        handle.wait(0.3)
+    assert not handle.done()
+    assert gpu.read(remote, LEN) == bytes(LEN)
+    ctypes.c_uint32.from_address(word.value).value = 1
+    assert handle.wait(60) == LEN
+    assert gpu.read(remote, LEN) == data
+
+    # Lists of different lengths are Mooncake's RuntimeError.
+    with pytest.raises(RuntimeError):
+        initiator.batch_transfer_read_on_cuda(session, [source], [remote, remote], [8], stream.value)
+    # Out of the target's buffer: the stream goes on, the handle says why, the process lives.
+    failing = initiator.batch_transfer_write_on_cuda(
+        session, [source], [remote + LEN - 8], [64], stream.value
+    )
+    with pytest.raises(tern.TransferError):
+        failing.wait(60)
+    gpu._enter()
+    try:
+        assert lib.cuStreamSynchronize(stream) == 0
+    finally:
+        gpu._leave()
+    assert gpu.read(remote, LEN) == data

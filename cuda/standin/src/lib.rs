@@ -10,8 +10,11 @@
 //!
 //! It implements the entry points `tern-cuda` resolves, with the Driver API's signatures and
 //! error codes, plus `ternStandin*` counters for tests: contexts retained per device, bytes
-//! copied each way. Streams run their copies at once (a valid schedule of an asynchronous
-//! stream). The number of devices comes from `TERN_STANDIN_DEVICES` (default 2).
+//! copied each way. Each stream (the null stream too) runs its operations in order on a
+//! thread of its own, asynchronously to the caller as a device does: copies, event records,
+//! and waits on a word of mapped host memory (`cuStreamWaitValue32`), so a caller that reads
+//! a buffer before the event after its copy has completed reads stale bytes, here as on a GPU.
+//! The number of devices comes from `TERN_STANDIN_DEVICES` (default 2).
 //!
 //! Sharing between processes works as the driver's does, on the same memfds: an IPC handle
 //! names the owner's process and its memfd (opened in the peer through `/proc/<pid>/fd`, so
@@ -155,6 +158,7 @@ pub unsafe extern "C" fn cuGetErrorName(code: c_int, name: *mut *const c_char) -
         ERROR_INVALID_DEVICE => b"CUDA_ERROR_INVALID_DEVICE\0",
         ERROR_INVALID_CONTEXT => b"CUDA_ERROR_INVALID_CONTEXT\0",
         ERROR_NOT_SUPPORTED => b"CUDA_ERROR_NOT_SUPPORTED\0",
+        ERROR_NOT_READY => b"CUDA_ERROR_NOT_READY\0",
         _ => return ERROR_INVALID_VALUE,
     };
     if name.is_null() {
@@ -549,15 +553,194 @@ pub unsafe extern "C" fn cuMemcpy(dst: u64, src: u64, len: usize) -> c_int {
     copy_between(dst, None, src, None, len)
 }
 
+/// One operation queued on a stream.
+enum Op {
+    Copy {
+        dst: u64,
+        dst_device: Option<bool>,
+        src: u64,
+        src_device: Option<bool>,
+        len: usize,
+        ordinal: usize,
+    },
+    /// `cuStreamWaitValue32` with `CU_STREAM_WAIT_VALUE_GEQ`: until `(int32)(*addr - value)
+    /// >= 0`.
+    WaitValue {
+        addr: usize,
+        value: u32,
+    },
+    Record(Arc<EventState>, u64),
+}
+
+/// A stream: operations run in order on a thread of its own, asynchronously to the caller,
+/// as a device's stream runs them.
+#[derive(Default)]
+struct StreamQueue {
+    state: Mutex<QueueState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct QueueState {
+    ops: std::collections::VecDeque<Op>,
+    /// An operation is running.
+    busy: bool,
+    destroyed: bool,
+    /// The first failure of an operation (reported by the next synchronize).
+    failed: Option<c_int>,
+}
+
+#[derive(Default)]
+struct EventState {
+    recorded: AtomicU64,
+    completed: AtomicU64,
+}
+
+struct Handles {
+    streams: BTreeMap<usize, (Arc<StreamQueue>, usize)>,
+    events: BTreeMap<usize, Arc<EventState>>,
+}
+
+static HANDLE_TABLE: Mutex<Handles> = Mutex::new(Handles {
+    streams: BTreeMap::new(),
+    events: BTreeMap::new(),
+});
+/// The legacy default stream (the null stream): one queue, run like the others.
+static NULL_STREAM: std::sync::OnceLock<Arc<StreamQueue>> = std::sync::OnceLock::new();
+
+fn handles() -> std::sync::MutexGuard<'static, Handles> {
+    HANDLE_TABLE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn queue_of(stream: *mut c_void) -> Option<Arc<StreamQueue>> {
+    if stream.is_null() {
+        return Some(
+            NULL_STREAM
+                .get_or_init(|| StreamQueue::start(usize::MAX))
+                .clone(),
+        );
+    }
+    handles()
+        .streams
+        .get(&(stream as usize))
+        .map(|(q, _)| q.clone())
+}
+
+impl StreamQueue {
+    fn start(ordinal: usize) -> Arc<Self> {
+        let queue = Arc::new(Self::default());
+        let running = queue.clone();
+        std::thread::spawn(move || running.run(ordinal));
+        queue
+    }
+
+    fn push(&self, op: Op) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.ops.push_back(op);
+        self.changed.notify_all();
+    }
+
+    fn run(&self, _ordinal: usize) {
+        loop {
+            let op = {
+                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    if let Some(op) = state.ops.pop_front() {
+                        state.busy = true;
+                        break op;
+                    }
+                    if state.destroyed {
+                        return;
+                    }
+                    state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let outcome = match op {
+                Op::Copy {
+                    dst,
+                    dst_device,
+                    src,
+                    src_device,
+                    len,
+                    ordinal,
+                } => {
+                    CONTEXTS.with(|c| c.borrow_mut().push(ordinal));
+                    let code = copy_between(dst, dst_device, src, src_device, len);
+                    CONTEXTS.with(|c| c.borrow_mut().pop());
+                    code
+                }
+                Op::WaitValue { addr, value } => {
+                    // SAFETY: the caller's contract for cuStreamWaitValue32: `addr` is
+                    // mapped host memory (here: cuMemHostAlloc memory) holding a u32 that
+                    // stays allocated until the wait is done.
+                    let word = unsafe { std::sync::atomic::AtomicU32::from_ptr(addr as *mut u32) };
+                    while (word.load(Ordering::Acquire).wrapping_sub(value) as i32) < 0 {
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                    }
+                    SUCCESS
+                }
+                Op::Record(event, generation) => {
+                    event.completed.fetch_max(generation, Ordering::AcqRel);
+                    SUCCESS
+                }
+            };
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.busy = false;
+            if outcome != SUCCESS {
+                state.failed.get_or_insert(outcome);
+            }
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits until every operation queued so far has run; the first failure since.
+    fn drain(&self) -> c_int {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        while !state.ops.is_empty() || state.busy {
+            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        state.failed.take().unwrap_or(SUCCESS)
+    }
+}
+
+fn enqueue_copy(
+    stream: *mut c_void,
+    (dst, dst_device): (u64, Option<bool>),
+    (src, src_device): (u64, Option<bool>),
+    len: usize,
+) -> c_int {
+    let Some(ordinal) = current_device() else {
+        return ERROR_INVALID_CONTEXT;
+    };
+    // Ranges are checked now, as the driver checks its arguments when a call is made.
+    let valid = with_state(|s| {
+        span(s, dst, len, dst_device).is_some() && span(s, src, len, src_device).is_some()
+    });
+    if !valid {
+        return ERROR_INVALID_VALUE;
+    }
+    let Some(queue) = queue_of(stream) else {
+        return ERROR_INVALID_VALUE;
+    };
+    queue.push(Op::Copy {
+        dst,
+        dst_device,
+        src,
+        src_device,
+        len,
+        ordinal,
+    });
+    SUCCESS
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     dst: *mut c_void,
     src: u64,
     len: usize,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> c_int {
-    // SAFETY: same contract as the synchronous copy; the stream runs it at once.
-    unsafe { cuMemcpyDtoH_v2(dst, src, len) }
+    enqueue_copy(stream, (dst as u64, Some(false)), (src, Some(true)), len)
 }
 
 #[unsafe(no_mangle)]
@@ -565,60 +748,201 @@ pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     dst: u64,
     src: *const c_void,
     len: usize,
-    _stream: *mut c_void,
+    stream: *mut c_void,
 ) -> c_int {
-    // SAFETY: same contract as the synchronous copy; the stream runs it at once.
-    unsafe { cuMemcpyHtoD_v2(dst, src, len) }
+    enqueue_copy(stream, (dst, Some(true)), (src as u64, Some(false)), len)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemcpyAsync(
+    dst: u64,
+    src: u64,
+    len: usize,
+    stream: *mut c_void,
+) -> c_int {
+    enqueue_copy(stream, (dst, None), (src, None), len)
 }
 
 static HANDLES: AtomicU64 = AtomicU64::new(1);
 
-fn new_handle(out: *mut *mut c_void) -> c_int {
-    if current_device().is_none() {
-        return ERROR_INVALID_CONTEXT;
-    }
-    let handle = HANDLES.fetch_add(1, Ordering::Relaxed) as usize;
-    // SAFETY: the caller passes a valid handle pointer.
-    unsafe { out.write(handle as *mut c_void) };
-    SUCCESS
-}
-
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, _flags: c_uint) -> c_int {
-    new_handle(stream)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamSynchronize(_stream: *mut c_void) -> c_int {
-    if current_device().is_none() {
+    let Some(ordinal) = current_device() else {
         return ERROR_INVALID_CONTEXT;
-    }
+    };
+    let handle = HANDLES.fetch_add(1, Ordering::Relaxed) as usize;
+    handles()
+        .streams
+        .insert(handle, (StreamQueue::start(ordinal), ordinal));
+    // SAFETY: the caller passes a valid handle pointer.
+    unsafe { stream.write(handle as *mut c_void) };
     SUCCESS
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamDestroy_v2(_stream: *mut c_void) -> c_int {
+pub unsafe extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> c_int {
+    if current_device().is_none() {
+        return ERROR_INVALID_CONTEXT;
+    }
+    match queue_of(stream) {
+        Some(queue) => queue.drain(),
+        None => ERROR_INVALID_VALUE,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> c_int {
+    let Some((queue, _)) = handles().streams.remove(&(stream as usize)) else {
+        return ERROR_INVALID_VALUE;
+    };
+    let mut state = queue.state.lock().unwrap_or_else(|p| p.into_inner());
+    state.destroyed = true;
+    queue.changed.notify_all();
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx(stream: *mut c_void, context: *mut *mut c_void) -> c_int {
+    let Some(&(_, ordinal)) = handles().streams.get(&(stream as usize)) else {
+        return ERROR_INVALID_VALUE;
+    };
+    // SAFETY: the caller passes a valid CUcontext pointer.
+    unsafe { context.write((ordinal + 1) as *mut c_void) };
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitValue32_v2(
+    stream: *mut c_void,
+    addr: u64,
+    value: u32,
+    flags: c_uint,
+) -> c_int {
+    if flags != 0 {
+        // Only CU_STREAM_WAIT_VALUE_GEQ is modelled.
+        return ERROR_NOT_SUPPORTED;
+    }
+    let pinned = with_state(|s| {
+        let at = addr as usize;
+        s.host
+            .range(..=at)
+            .next_back()
+            .is_some_and(|(&base, &len)| at + 4 <= base + len)
+    });
+    if !pinned || !addr.is_multiple_of(4) {
+        return ERROR_INVALID_VALUE;
+    }
+    match queue_of(stream) {
+        Some(queue) => {
+            queue.push(Op::WaitValue {
+                addr: addr as usize,
+                value,
+            });
+            SUCCESS
+        }
+        None => ERROR_INVALID_VALUE,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetCurrent(context: *mut *mut c_void) -> c_int {
+    let current = current_device().map_or(std::ptr::null_mut(), |o| (o + 1) as *mut c_void);
+    // SAFETY: the caller passes a valid CUcontext pointer.
+    unsafe { context.write(current) };
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxGetDevice(device: *mut c_int) -> c_int {
+    let Some(ordinal) = current_device() else {
+        return ERROR_INVALID_CONTEXT;
+    };
+    // SAFETY: the caller passes a valid CUdevice pointer.
+    unsafe { device.write(ordinal as c_int) };
+    SUCCESS
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
+    dptr: *mut u64,
+    host: *mut c_void,
+    _flags: c_uint,
+) -> c_int {
+    let known = with_state(|s| {
+        let at = host as usize;
+        s.host
+            .range(..=at)
+            .next_back()
+            .is_some_and(|(&base, &len)| at < base + len)
+    });
+    if !known {
+        return ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the caller passes a valid CUdeviceptr pointer; under unified addressing the
+    // device pointer of mapped host memory is its host pointer.
+    unsafe { dptr.write(host as u64) };
     SUCCESS
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventCreate(event: *mut *mut c_void, _flags: c_uint) -> c_int {
-    new_handle(event)
+    if current_device().is_none() {
+        return ERROR_INVALID_CONTEXT;
+    }
+    let handle = HANDLES.fetch_add(1, Ordering::Relaxed) as usize;
+    handles().events.insert(handle, Arc::default());
+    // SAFETY: the caller passes a valid handle pointer.
+    unsafe { event.write(handle as *mut c_void) };
+    SUCCESS
+}
+
+fn event_of(event: *mut c_void) -> Option<Arc<EventState>> {
+    handles().events.get(&(event as usize)).cloned()
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventRecord(_event: *mut c_void, _stream: *mut c_void) -> c_int {
+pub unsafe extern "C" fn cuEventRecord(event: *mut c_void, stream: *mut c_void) -> c_int {
+    let (Some(state), Some(queue)) = (event_of(event), queue_of(stream)) else {
+        return ERROR_INVALID_VALUE;
+    };
+    let generation = state.recorded.fetch_add(1, Ordering::AcqRel) + 1;
+    queue.push(Op::Record(state, generation));
+    SUCCESS
+}
+
+/// `CUDA_ERROR_NOT_READY`: the event's work has not all run.
+const ERROR_NOT_READY: c_int = 600;
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventQuery(event: *mut c_void) -> c_int {
+    let Some(state) = event_of(event) else {
+        return ERROR_INVALID_VALUE;
+    };
+    if state.completed.load(Ordering::Acquire) >= state.recorded.load(Ordering::Acquire) {
+        SUCCESS
+    } else {
+        ERROR_NOT_READY
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventSynchronize(event: *mut c_void) -> c_int {
+    let Some(state) = event_of(event) else {
+        return ERROR_INVALID_VALUE;
+    };
+    let wanted = state.recorded.load(Ordering::Acquire);
+    while state.completed.load(Ordering::Acquire) < wanted {
+        std::thread::sleep(std::time::Duration::from_micros(20));
+    }
     SUCCESS
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventSynchronize(_event: *mut c_void) -> c_int {
-    SUCCESS
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventDestroy_v2(_event: *mut c_void) -> c_int {
-    SUCCESS
+pub unsafe extern "C" fn cuEventDestroy_v2(event: *mut c_void) -> c_int {
+    match handles().events.remove(&(event as usize)) {
+        Some(_) => SUCCESS,
+        None => ERROR_INVALID_VALUE,
+    }
 }
 
 /// A new shared memfd of `len` bytes named `name`.
