@@ -117,6 +117,8 @@ pub(crate) const MEMHOSTALLOC_DEVICEMAP: c_uint = 2;
 /// `CU_STREAM_WAIT_VALUE_GEQ`: wait until `(int32_t)(*addr - value) >= 0`, a cyclic
 /// comparison that ignores wraparound (Driver API, CUstreamWaitValue_flags).
 pub(crate) const STREAM_WAIT_VALUE_GEQ: c_uint = 0;
+/// `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`.
+pub(crate) const MEM_RANGE_HANDLE_DMA_BUF_FD: c_int = 1;
 /// `CUDA_ERROR_NOT_READY`: what `cuEventQuery` answers while the event's work runs.
 pub(crate) const ERROR_NOT_READY: CuResult = 600;
 
@@ -215,6 +217,8 @@ entry_points! {
     event_query = "cuEventQuery": fn(CuEvent);
     mem_host_get_device_pointer = "cuMemHostGetDevicePointer_v2":
         fn(*mut CuDevicePtr, *mut c_void, c_uint);
+    mem_get_handle_for_address_range = "cuMemGetHandleForAddressRange":
+        fn(*mut c_void, CuDevicePtr, usize, c_int, u64);
 }
 
 /// A loaded CUDA driver: the library, its entry points and its version. One per process,

@@ -355,6 +355,47 @@ impl Device {
         Ok(buffer)
     }
 
+    /// A DMA-BUF of the whole allocation holding `[addr, addr + len)`, for NICs to register
+    /// (`ibv_reg_dmabuf_mr`): the descriptor, and the offset of `addr` in it. The whole
+    /// allocation, because PyTorch's caching allocator packs many tensors into one and the
+    /// exporter works on allocations.
+    pub fn dmabuf(&self, addr: u64, len: u64) -> Result<(OwnedFd, u64), CudaError> {
+        let (base, size) = self.allocation_of(addr)?;
+        if addr.saturating_add(len) > base + size as u64 {
+            return Err(CudaError::Call {
+                call: "cuMemGetAddressRange",
+                code: crate::driver::ERROR_INVALID_VALUE,
+                name: format!(
+                    "[{addr:#x}, +{len}) runs past its allocation [{base:#x}, +{size}): one \
+                     DMA-BUF cannot cover it"
+                ),
+            });
+        }
+        let _current = self.enter()?;
+        let mut fd: c_int = -1;
+        // SAFETY: for CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD the handle is one int, written
+        // through the pointer; flags 0 (no PCIe-mapping flag, which some GPUs refuse).
+        let code = unsafe {
+            (self.driver.api.mem_get_handle_for_address_range)(
+                (&raw mut fd).cast::<c_void>(),
+                base,
+                size,
+                crate::driver::MEM_RANGE_HANDLE_DMA_BUF_FD,
+                0,
+            )
+        };
+        self.driver.check("cuMemGetHandleForAddressRange", code)?;
+        if fd < 0 {
+            return Err(CudaError::Call {
+                call: "cuMemGetHandleForAddressRange",
+                code: 0,
+                name: format!("descriptor {fd}"),
+            });
+        }
+        // SAFETY: the driver made a new descriptor for the caller, which now owns it.
+        Ok((unsafe { OwnedFd::from_raw_fd(fd) }, addr - base))
+    }
+
     /// Copies `len` bytes from `src` to `dst`, each host or device memory (unified
     /// addressing tells which), and returns when they have landed.
     ///

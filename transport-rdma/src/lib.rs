@@ -399,18 +399,6 @@ impl Transport for RdmaTransport {
         let shared = self
             .running()
             .ok_or_else(|| TransportError::State("the RDMA transport is not started".into()))?;
-        if region.kind != MemoryKind::Host {
-            // Registering device memory on NICs needs dma-buf (`ibv_reg_dmabuf_mr`) or
-            // nvidia_peermem; until then its slices go to the next transport, counted as
-            // declined for device memory in the stats, never silently.
-            tracing::warn!(
-                "RDMA: device memory at {:#x} ({}) is not registered on NICs; its transfers \
-                 go over the next transport",
-                region.addr,
-                region.location
-            );
-            return Ok(());
-        }
         let pin = shared
             .context
             .registry
@@ -426,10 +414,17 @@ impl Transport for RdmaTransport {
             relaxed_ordering: true,
         };
         let pds: Vec<_> = shared.nics.iter().map(|s| s.nic.pd.clone()).collect();
-        let keys = register_on_devices(&pin, &pds, access).map_err(|e| TransportError::Memory {
+        let registered = if region.kind == MemoryKind::Host {
+            register_on_devices(&pin, &pds, access).map_err(|e| e.to_string())
+        } else {
+            // Device memory: by dma-buf, else nvidia_peermem, else a typed error naming both.
+            tern_memreg::nic::register_device_on_devices(&pin, &pds, access)
+                .map_err(|e| e.to_string())
+        };
+        let keys = registered.map_err(|message| TransportError::Memory {
             addr: region.addr,
             len: region.len,
-            message: format!("registering on {:?}: {e}", shared.names),
+            message: format!("registering on {:?}: {message}", shared.names),
         })?;
         shared
             .keys
@@ -532,14 +527,6 @@ impl Transport for RdmaTransport {
                 slice.abandon();
                 continue;
             }
-            if slice.local().is_device() {
-                shared.device_declines.fetch_add(1, Ordering::Relaxed);
-                shared
-                    .device_declined_bytes
-                    .fetch_add(slice.len as u64, Ordering::Relaxed);
-                slice.decline("device memory is not registered on this node's NICs");
-                continue;
-            }
             match shared.route(&slice, 0, first.wrapping_add(i), None, &mut cache) {
                 Ok(route) => {
                     let group = route.nic * workers + cache.worker_of(&route.key, workers);
@@ -617,7 +604,7 @@ impl Transport for RdmaTransport {
                 let bytes = shared.device_declined_bytes.load(Ordering::Relaxed);
                 (slices > 0)
                     .then(|| tern_engine::DeclinedStats {
-                        reason: "device memory".into(),
+                        reason: crate::shared::KEYLESS_PEER_BUFFER.into(),
                         slices,
                         bytes,
                     })

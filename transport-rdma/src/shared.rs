@@ -7,6 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
+/// Why a slice goes to the next transport when the peer published its buffer without NIC
+/// keys (device memory its NICs did not register): the stats' reason.
+pub const KEYLESS_PEER_BUFFER: &str = "the peer's buffer is not registered on its NICs";
+
 use tern_engine::{PeerSegment, Slice, TransferError, TransportContext};
 use tern_memreg::nic::NicKeys;
 use tern_metadata::PriorityMatrix;
@@ -142,7 +146,8 @@ pub(crate) struct Shared {
     pub local_ranked: Mutex<HashMap<String, Arc<Ranked>>>,
     /// Slices sent again after a failure.
     pub retries: std::sync::atomic::AtomicU64,
-    /// Slices of device memory handed to the next transport, and their bytes.
+    /// Slices to peer buffers published without NIC keys (a peer's device memory its NICs
+    /// did not register) handed to the next transport, and their bytes.
     pub device_declines: std::sync::atomic::AtomicU64,
     /// See `device_declines`.
     pub device_declined_bytes: std::sync::atomic::AtomicU64,
@@ -307,9 +312,13 @@ impl Shared {
             // Published without keys (device memory this build does not register on NICs):
             // another transport may carry it.
             None => {
+                self.device_declines
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.device_declined_bytes
+                    .fetch_add(slice.len as u64, std::sync::atomic::Ordering::Relaxed);
                 return Err(TransferError::Declined {
                     segment: slice.peer().name.clone(),
-                    reason: "the peer's buffer is not registered on its NICs".into(),
+                    reason: KEYLESS_PEER_BUFFER.into(),
                 });
             }
             // Not remote-accessible there: the peer would refuse it.

@@ -1465,6 +1465,19 @@ pub extern "C" fn ternStandinRetained(ordinal: c_int) -> i64 {
         .map_or(-1, |n| n as i64)
 }
 
+/// The stand-in has no DMA-BUF exporter (its memory is a memfd; udmabuf, which could
+/// export one, is not in every kernel): NICs cannot register its memory by dma-buf.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetHandleForAddressRange(
+    _handle: *mut c_void,
+    _dptr: u64,
+    _size: usize,
+    _kind: c_int,
+    _flags: u64,
+) -> c_int {
+    ERROR_NOT_SUPPORTED
+}
+
 /// For tests: how many ranges of other processes' device memory this process has mapped
 /// now (IPC handles opened, imported chunks mapped).
 #[unsafe(no_mangle)]
