@@ -5,6 +5,21 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
+/// Set to `1` (by the GPU bundle's `run.sh`) to run the device-memory tests on the real
+/// CUDA driver and GPU instead of the stand-in.
+pub const REAL_GPU_ENV: &str = "TERN_GPU";
+
+/// Whether the device-memory tests run on a real GPU ([`REAL_GPU_ENV`]).
+pub fn real_gpu() -> bool {
+    std::env::var_os(REAL_GPU_ENV).is_some_and(|v| v == "1")
+}
+
+/// The driver library device-memory tests load: the stand-in, or `None` on a real GPU
+/// (then `libcuda.so.1`, the default).
+pub fn test_driver() -> Option<PathBuf> {
+    (!real_gpu()).then(standin_driver)
+}
+
 /// The file name cargo gives the stand-in's shared library.
 pub const STANDIN_FILE: &str = "libtern_cuda_standin.so";
 
