@@ -4,6 +4,11 @@
 ``--case latency``: ``transfer_sync_read`` of 4 KiB, batch 1, timed per call;
 ``--case throughput``: ``batch_transfer_sync_write`` of 128 x 64 KiB (``--protocol shm``: to a
 target on this host through shared memory, both sides on the engine's own memory);
+``--case descriptors``: ``batch_transfer_sync_write`` of 100 000 contiguous 16 KiB descriptors,
+as lists of int and as numpy ``uint64`` arrays, p50 per call (the engine merges them into a few
+runs, so what grows with the count is the per-descriptor work: the binding's, and the engine's,
+which tern-bench's row of the same shape measures; ``--protocol shm`` keeps the bytes' share
+steady enough for the difference to show);
 ``--case idle``: the process's CPU while its engine idles, then while a thread is blocked in
 ``batch_transfer_sync_write`` to a stopped target until the deadline.
 Prints one JSON line.
@@ -21,6 +26,7 @@ import time
 from tern.mooncake import TransferEngine
 
 BUFFER = 256 << 20
+DESCRIPTORS, DESCRIPTOR_BYTES = 100_000, 16 << 10
 
 
 def cpu_seconds() -> float:
@@ -36,19 +42,20 @@ def stopped(pid: int) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=["latency", "throughput", "idle"], required=True)
+    parser.add_argument("--case", choices=["latency", "throughput", "descriptors", "idle"], required=True)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--tern-bench", required=True)
     parser.add_argument("--protocol", choices=["tcp", "shm"], default="tcp")
     args = parser.parse_args()
     if args.case == "idle":
         os.environ["MC_TRANSFER_TIMEOUT"] = "5"
+    buffer = DESCRIPTORS * DESCRIPTOR_BYTES if args.case == "descriptors" else BUFFER
     target = subprocess.Popen(
         [
             args.tern_bench,
             "--mode=target",
             "--local_server_name=127.0.0.1",
-            f"--buffer_size={BUFFER}",
+            f"--buffer_size={buffer}",
             f"--protocol={args.protocol}",
         ],
         stdin=subprocess.DEVNULL,
@@ -62,7 +69,7 @@ def main() -> None:
         assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", args.protocol, "") == 0
         # The engine's own memory, as tern-bench's initiator uses (huge pages where the kernel
         # gives them, touched up front): what differs between the two is then the binding.
-        base = engine.allocate_managed_buffer(BUFFER)
+        base = engine.allocate_managed_buffer(buffer)
         assert base != 0
         remote = engine.get_first_buffer_address(segment)
         result: dict = {"case": args.case, "protocol": args.protocol}
@@ -95,6 +102,27 @@ def main() -> None:
                 round_ += 1
             seconds = time.perf_counter() - started
             result.update(bytes=moved, seconds=seconds, gbps=moved / seconds / 1e9)
+        elif args.case == "descriptors":
+            # OpenBLAS's idle threads would spin beside the engine on a small machine.
+            os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+            import numpy as np
+
+            offsets = [i * DESCRIPTOR_BYTES for i in range(DESCRIPTORS)]
+            lists = ([base + o for o in offsets], [remote + o for o in offsets], [DESCRIPTOR_BYTES] * DESCRIPTORS)
+            arrays = tuple(np.array(values, dtype=np.uint64) for values in lists)
+            # Alternating, so that both forms see the same moments of the machine.
+            times: dict[str, list[float]] = {"lists": [], "numpy": []}
+            stop = time.perf_counter() + args.duration
+            while time.perf_counter() < stop or not times["numpy"]:
+                for form, given in (("lists", lists), ("numpy", arrays)):
+                    began = time.perf_counter_ns()
+                    code = engine.batch_transfer_sync_write(segment, *given)
+                    times[form].append((time.perf_counter_ns() - began) / 1000)
+                    assert code == 0
+            for form, values in times.items():
+                values.sort()
+                result[f"p50_{form}_us"] = values[len(values) // 2]
+            result.update(calls=len(times["lists"]), descriptors=DESCRIPTORS, block=DESCRIPTOR_BYTES)
         else:
             idle = min(args.duration, 5.0)
             cpu, wall = cpu_seconds(), time.monotonic()

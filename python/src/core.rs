@@ -6,7 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use tern_engine::{
-    Batch, BatchState, EngineError, Opcode, PortChoice, SegmentId, TransferEngine, TransferError,
+    Batch, BatchState, EngineError, PortChoice, SegmentId, TransferEngine, TransferError,
     TransferRequest, TransferStatus,
 };
 use tern_transport_tcp::TcpTransport;
@@ -156,29 +156,23 @@ impl Core {
         self.timeout.map_or(FOREVER, |t| t + Duration::from_secs(1))
     }
 
-    /// Submits requests to one segment and waits for all of them. On failure the segment
-    /// is closed, so the next call opens it afresh (a handshake in P2P mode). A submission
-    /// that failed only because another thread closed the segment meanwhile (nothing was
-    /// sent) is retried once on the reopened segment.
+    /// Submits requests to the segment `target` (their `target` is set here, once it is
+    /// open) and waits for all of them. On failure the segment is closed, so the next call
+    /// opens it afresh (a handshake in P2P mode). A submission that failed only because
+    /// another thread closed the segment meanwhile (nothing was sent) is retried once on the
+    /// reopened segment.
     pub(crate) fn run_to(
         &self,
         target: &str,
-        ops: &[(Opcode, usize, u64, usize)],
+        requests: &mut [TransferRequest],
     ) -> Result<SegmentId, Failure> {
         let mut retried = false;
         loop {
             let segment = self.engine.open_segment(target)?;
-            let requests: Vec<TransferRequest> = ops
-                .iter()
-                .map(|&(opcode, local, remote, length)| TransferRequest {
-                    opcode,
-                    source: local,
-                    target: segment,
-                    target_offset: remote,
-                    length,
-                })
-                .collect();
-            match self.run(&requests) {
+            for request in requests.iter_mut() {
+                request.target = segment;
+            }
+            match self.run(requests) {
                 Ok(()) => return Ok(segment),
                 Err(Failure::Task {
                     status: TransferStatus::Failed(TransferError::UnknownSegment(_)),

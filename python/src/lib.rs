@@ -15,6 +15,7 @@
 
 mod config;
 mod core;
+mod descriptors;
 mod errors;
 mod mooncake;
 mod on_stream;

@@ -19,6 +19,7 @@ use tern_engine::{Batch, BatchState, Opcode, SegmentId, TransferRequest, Transfe
 
 use crate::config::{self, TransportChoice, process_env};
 use crate::core::{Core, EngineOptions, Failure, first_failure, unregister_settled};
+use crate::descriptors::{self, U64s};
 use crate::errors::log_failure;
 use crate::raw::LocalMemory;
 
@@ -60,56 +61,46 @@ fn opcode(value: i64) -> Option<Opcode> {
     }
 }
 
-/// One request, for the single-transfer methods.
-type Requests = Result<Vec<(Opcode, usize, u64, usize)>, String>;
+/// A call's requests, their `target` set once the segment is open; or why the call fails.
+type Requests = Result<Vec<TransferRequest>, String>;
 
-fn one(opcode: Opcode, buffer: u64, peer_buffer_address: u64, length: u64) -> Requests {
-    Ok(vec![(
+fn request(opcode: Opcode, buffer: u64, peer_buffer_address: u64, length: u64) -> TransferRequest {
+    TransferRequest {
         opcode,
-        buffer as usize,
-        peer_buffer_address,
-        length as usize,
-    )])
-}
-
-/// The requests, addressed to `segment`.
-pub(crate) fn to_segment(
-    requests: &[(Opcode, usize, u64, usize)],
-    segment: SegmentId,
-) -> Vec<TransferRequest> {
-    requests
-        .iter()
-        .map(|&(opcode, source, target_offset, length)| TransferRequest {
-            opcode,
-            source,
-            target: segment,
-            target_offset,
-            length,
-        })
-        .collect()
-}
-
-/// Lists of addresses and lengths as requests, or why not.
-fn zip_requests(
-    opcode: Opcode,
-    buffers: &[u64],
-    peers: &[u64],
-    lengths: &[u64],
-) -> Result<Vec<(Opcode, usize, u64, usize)>, String> {
-    if buffers.len() != peers.len() || buffers.len() != lengths.len() {
-        return Err(format!(
-            "lists of different lengths: {} buffers, {} peer addresses, {} lengths",
-            buffers.len(),
-            peers.len(),
-            lengths.len()
-        ));
+        source: buffer as usize,
+        target: SegmentId::LOCAL,
+        target_offset: peer_buffer_address,
+        length: length as usize,
     }
-    Ok(buffers
-        .iter()
-        .zip(peers)
-        .zip(lengths)
-        .map(|((&local, &remote), &len)| (opcode, local as usize, remote, len as usize))
-        .collect())
+}
+
+/// One request, for the single-transfer methods.
+fn one(opcode: Opcode, buffer: u64, peer_buffer_address: u64, length: u64) -> Requests {
+    Ok(vec![request(opcode, buffer, peer_buffer_address, length)])
+}
+
+fn opcode_of(value: i64) -> Result<Opcode, String> {
+    opcode(value).ok_or_else(|| format!("opcode {value} is neither Read (0) nor Write (1)"))
+}
+
+/// A batch's three arguments (lists of int, or buffers of uint64) as requests, read in
+/// place. A wrong type raises, as it would for a typed argument; a bad opcode or arguments
+/// of different lengths fail the call instead.
+fn batch_requests(
+    opcode: Result<Opcode, String>,
+    buffers: &Bound<'_, PyAny>,
+    peer_buffer_addresses: &Bound<'_, PyAny>,
+    lengths: &Bound<'_, PyAny>,
+) -> PyResult<Requests> {
+    let opcode = match opcode {
+        Ok(opcode) => opcode,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    descriptors::requests(
+        request(opcode, 0, 0, 0),
+        ["buffers", "peer addresses", "lengths"],
+        [buffers, peer_buffer_addresses, lengths],
+    )
 }
 
 impl MooncakeEngine {
@@ -147,11 +138,12 @@ impl MooncakeEngine {
         if requests.is_empty() && notify.is_none() {
             return 0;
         }
+        let mut requests = requests;
         let outcome = py.detach(|| -> Result<(), Failure> {
             let segment = if requests.is_empty() {
                 state.core.engine.open_segment(&target)?
             } else {
-                state.core.run_to(&target, &requests)?
+                state.core.run_to(&target, &mut requests)?
             };
             if let Some((name, message)) = &notify {
                 state.core.engine.send_notify(segment, name, message)?;
@@ -189,6 +181,7 @@ impl MooncakeEngine {
                 return 0;
             }
         };
+        let mut requests = requests;
         let submitted = py.detach(|| -> Result<AsyncBatch, Failure> {
             let engine = &state.core.engine;
             let segment = engine.open_segment(&target)?;
@@ -198,7 +191,9 @@ impl MooncakeEngine {
                     segment,
                 });
             }
-            let requests = to_segment(&requests, segment);
+            for request in &mut requests {
+                request.target = segment;
+            }
             let batch = engine.allocate_batch(requests.len())?;
             if let Err(e) = engine.submit(&batch, &requests) {
                 let _ = engine.close_segment(segment);
@@ -240,7 +235,45 @@ impl MooncakeEngine {
             .ok_or_else(|| refuse("called before initialize".into()))?;
         let target = target.ok_or_else(|| refuse("target_hostname is None".into()))?;
         let requests = requests.map_err(refuse)?;
-        crate::on_stream::submit(py, &state.core, &target, &requests, stream_ptr)
+        crate::on_stream::submit(py, &state.core, &target, requests, stream_ptr)
+    }
+
+    /// Registers `(address, length)` ranges, all or none: 0, or a negative code.
+    fn register_ranges(
+        &self,
+        py: Python<'_>,
+        ranges: Vec<(usize, usize)>,
+        location: Option<String>,
+    ) -> i32 {
+        let Some(state) = self.ready(py, "register_memory") else {
+            return -1;
+        };
+        let location = location.unwrap_or_else(|| "*".to_owned());
+        match py.detach(|| {
+            state
+                .memory
+                .register_promised(&state.core.engine, &ranges, &location)
+        }) {
+            Ok(()) => 0,
+            Err(e) => {
+                log_failure(py, &format!("register_memory: {e}"));
+                e.mooncake_code()
+            }
+        }
+    }
+
+    /// Unregisters regions by start address, all or none: 0, or a negative code.
+    fn unregister_addrs(&self, py: Python<'_>, addrs: &[usize]) -> i32 {
+        let Some(state) = self.ready(py, "unregister_memory") else {
+            return -1;
+        };
+        match py.detach(|| unregister_settled(&state.core.engine, addrs)) {
+            Ok(()) => 0,
+            Err(e) => {
+                log_failure(py, &format!("unregister_memory: {e}"));
+                e.mooncake_code()
+            }
+        }
     }
 
     /// Drops the cached segment of a failed batch and frees the batch once it is idle.
@@ -486,12 +519,16 @@ impl MooncakeEngine {
         capacity: u64,
         location: Option<String>,
     ) -> i32 {
-        self.batch_register_memory(py, vec![buffer_addr], vec![capacity], location)
+        self.register_ranges(
+            py,
+            vec![(buffer_addr as usize, capacity as usize)],
+            location,
+        )
     }
 
     /// Unregisters the region starting at `buffer_addr`: 0, or a negative code.
     fn unregister_memory(&self, py: Python<'_>, buffer_addr: u64) -> i32 {
-        self.batch_unregister_memory(py, vec![buffer_addr])
+        self.unregister_addrs(py, &[buffer_addr as usize])
     }
 
     /// Registers several regions, all or none: 0, or a negative code.
@@ -499,56 +536,41 @@ impl MooncakeEngine {
     fn batch_register_memory(
         &self,
         py: Python<'_>,
-        buffer_addresses: Vec<u64>,
-        capacities: Vec<u64>,
+        buffer_addresses: &Bound<'_, PyAny>,
+        capacities: &Bound<'_, PyAny>,
         location: Option<String>,
-    ) -> i32 {
-        let Some(state) = self.ready(py, "register_memory") else {
-            return -1;
-        };
-        if buffer_addresses.len() != capacities.len() {
-            log_failure(
-                py,
-                &format!(
-                    "batch_register_memory: {} addresses but {} capacities",
-                    buffer_addresses.len(),
-                    capacities.len()
-                ),
-            );
-            return -1;
-        }
-        let location = location.unwrap_or_else(|| "*".to_owned());
-        let ranges: Vec<(usize, usize)> = buffer_addresses
-            .iter()
-            .zip(&capacities)
-            .map(|(&a, &c)| (a as usize, c as usize))
-            .collect();
-        match py.detach(|| {
-            state
-                .memory
-                .register_promised(&state.core.engine, &ranges, &location)
-        }) {
-            Ok(()) => 0,
-            Err(e) => {
-                log_failure(py, &format!("register_memory: {e}"));
-                e.mooncake_code()
+    ) -> PyResult<i32> {
+        let addrs = U64s::of(buffer_addresses, "buffer_addresses")?;
+        let capacities = U64s::of(capacities, "capacities")?;
+        if addrs.len() != capacities.len() {
+            if self.ready(py, "register_memory").is_some() {
+                log_failure(
+                    py,
+                    &format!(
+                        "batch_register_memory: {} addresses but {} capacities",
+                        addrs.len(),
+                        capacities.len()
+                    ),
+                );
             }
+            return Ok(-1);
         }
+        let mut ranges = vec![(0, 0); addrs.len()];
+        addrs.fill(&mut ranges, |r, v| r.0 = v as usize)?;
+        capacities.fill(&mut ranges, |r, v| r.1 = v as usize)?;
+        Ok(self.register_ranges(py, ranges, location))
     }
 
     /// Unregisters several regions, all or none: 0, or a negative code.
-    fn batch_unregister_memory(&self, py: Python<'_>, buffer_addresses: Vec<u64>) -> i32 {
-        let Some(state) = self.ready(py, "unregister_memory") else {
-            return -1;
-        };
-        let addrs: Vec<usize> = buffer_addresses.iter().map(|&a| a as usize).collect();
-        match py.detach(|| unregister_settled(&state.core.engine, &addrs)) {
-            Ok(()) => 0,
-            Err(e) => {
-                log_failure(py, &format!("unregister_memory: {e}"));
-                e.mooncake_code()
-            }
-        }
+    fn batch_unregister_memory(
+        &self,
+        py: Python<'_>,
+        buffer_addresses: &Bound<'_, PyAny>,
+    ) -> PyResult<i32> {
+        let addrs = U64s::of(buffer_addresses, "buffer_addresses")?;
+        let mut out = vec![0; addrs.len()];
+        addrs.fill(&mut out, |slot, v| *slot = v as usize)?;
+        Ok(self.unregister_addrs(py, &out))
     }
 
     /// Writes and waits: 0 when every byte has landed at the peer, else -1.
@@ -606,9 +628,8 @@ impl MooncakeEngine {
                 return -1;
             }
         };
-        let requests = self::opcode(opcode)
-            .map(|op| vec![(op, buffer as usize, peer_buffer_address, length as usize)])
-            .ok_or_else(|| format!("opcode {opcode} is neither Read (0) nor Write (1)"));
+        let requests =
+            opcode_of(opcode).and_then(|op| one(op, buffer, peer_buffer_address, length));
         self.transfer(py, "transfer_sync", target_hostname, requests, notify)
     }
 
@@ -618,20 +639,20 @@ impl MooncakeEngine {
         &self,
         py: Python<'_>,
         target_hostname: Option<String>,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
         transport_hint: Option<&str>,
-    ) -> i32 {
+    ) -> PyResult<i32> {
         let _ = transport_hint;
-        let requests = zip_requests(Opcode::Write, &buffers, &peer_buffer_addresses, &lengths);
-        self.transfer(
+        let requests = batch_requests(Ok(Opcode::Write), buffers, peer_buffer_addresses, lengths)?;
+        Ok(self.transfer(
             py,
             "batch_transfer_sync_write",
             target_hostname,
             requests,
             None,
-        )
+        ))
     }
 
     /// A batch of reads, waited for: 0, or -1.
@@ -640,20 +661,20 @@ impl MooncakeEngine {
         &self,
         py: Python<'_>,
         target_hostname: Option<String>,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
         transport_hint: Option<&str>,
-    ) -> i32 {
+    ) -> PyResult<i32> {
         let _ = transport_hint;
-        let requests = zip_requests(Opcode::Read, &buffers, &peer_buffer_addresses, &lengths);
-        self.transfer(
+        let requests = batch_requests(Ok(Opcode::Read), buffers, peer_buffer_addresses, lengths)?;
+        Ok(self.transfer(
             py,
             "batch_transfer_sync_read",
             target_hostname,
             requests,
             None,
-        )
+        ))
     }
 
     /// A batch with an opcode and an optional notify: 0, or -1.
@@ -663,25 +684,23 @@ impl MooncakeEngine {
         &self,
         py: Python<'_>,
         target_hostname: Option<String>,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
         opcode: i64,
         notify: Option<&Bound<'_, PyAny>>,
         transport_hint: Option<&str>,
-    ) -> i32 {
+    ) -> PyResult<i32> {
         let _ = transport_hint;
+        let requests = batch_requests(opcode_of(opcode), buffers, peer_buffer_addresses, lengths)?;
         let notify = match notify.map(notify_parts).transpose() {
             Ok(notify) => notify,
             Err(reason) => {
                 log_failure(py, &format!("batch_transfer_sync: {reason}"));
-                return -1;
+                return Ok(-1);
             }
         };
-        let requests = self::opcode(opcode)
-            .ok_or_else(|| format!("opcode {opcode} is neither Read (0) nor Write (1)"))
-            .and_then(|op| zip_requests(op, &buffers, &peer_buffer_addresses, &lengths));
-        self.transfer(py, "batch_transfer_sync", target_hostname, requests, notify)
+        Ok(self.transfer(py, "batch_transfer_sync", target_hostname, requests, notify))
     }
 
     /// Submits writes without waiting: a batch id, 0 on failure.
@@ -690,14 +709,14 @@ impl MooncakeEngine {
         &self,
         py: Python<'_>,
         target_hostname: Option<String>,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
         transport_hint: Option<&str>,
-    ) -> u64 {
+    ) -> PyResult<u64> {
         let _ = transport_hint;
-        let requests = zip_requests(Opcode::Write, &buffers, &peer_buffer_addresses, &lengths);
-        self.submit_async(py, "batch_transfer_async_write", target_hostname, requests)
+        let requests = batch_requests(Ok(Opcode::Write), buffers, peer_buffer_addresses, lengths)?;
+        Ok(self.submit_async(py, "batch_transfer_async_write", target_hostname, requests))
     }
 
     /// Submits reads without waiting: a batch id, 0 on failure.
@@ -706,14 +725,14 @@ impl MooncakeEngine {
         &self,
         py: Python<'_>,
         target_hostname: Option<String>,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
         transport_hint: Option<&str>,
-    ) -> u64 {
+    ) -> PyResult<u64> {
         let _ = transport_hint;
-        let requests = zip_requests(Opcode::Read, &buffers, &peer_buffer_addresses, &lengths);
-        self.submit_async(py, "batch_transfer_async_read", target_hostname, requests)
+        let requests = batch_requests(Ok(Opcode::Read), buffers, peer_buffer_addresses, lengths)?;
+        Ok(self.submit_async(py, "batch_transfer_async_read", target_hostname, requests))
     }
 
     /// Submits with an opcode without waiting: a batch id, 0 on failure.
@@ -723,17 +742,15 @@ impl MooncakeEngine {
         &self,
         py: Python<'_>,
         target_hostname: Option<String>,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
         opcode: i64,
         transport_hint: Option<&str>,
-    ) -> u64 {
+    ) -> PyResult<u64> {
         let _ = transport_hint;
-        let requests = self::opcode(opcode)
-            .ok_or_else(|| format!("opcode {opcode} is neither Read (0) nor Write (1)"))
-            .and_then(|op| zip_requests(op, &buffers, &peer_buffer_addresses, &lengths));
-        self.submit_async(py, "batch_transfer_async", target_hostname, requests)
+        let requests = batch_requests(opcode_of(opcode), buffers, peer_buffer_addresses, lengths)?;
+        Ok(self.submit_async(py, "batch_transfer_async", target_hostname, requests))
     }
 
     /// One write submitted without waiting: a batch id, 0 on failure.
@@ -1013,14 +1030,14 @@ impl MooncakeEngine {
         &self,
         py: Python<'_>,
         target_hostname: Option<String>,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
         stream_ptr: u64,
         transport_hint: Option<&str>,
     ) -> PyResult<crate::on_stream::StreamTransfer> {
         let _ = transport_hint;
-        let requests = zip_requests(Opcode::Write, &buffers, &peer_buffer_addresses, &lengths);
+        let requests = batch_requests(Ok(Opcode::Write), buffers, peer_buffer_addresses, lengths)?;
         self.on_cuda(
             py,
             "batch_transfer_write_on_cuda",
@@ -1037,14 +1054,14 @@ impl MooncakeEngine {
         &self,
         py: Python<'_>,
         target_hostname: Option<String>,
-        buffers: Vec<u64>,
-        peer_buffer_addresses: Vec<u64>,
-        lengths: Vec<u64>,
+        buffers: &Bound<'_, PyAny>,
+        peer_buffer_addresses: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
         stream_ptr: u64,
         transport_hint: Option<&str>,
     ) -> PyResult<crate::on_stream::StreamTransfer> {
         let _ = transport_hint;
-        let requests = zip_requests(Opcode::Read, &buffers, &peer_buffer_addresses, &lengths);
+        let requests = batch_requests(Ok(Opcode::Read), buffers, peer_buffer_addresses, lengths)?;
         self.on_cuda(
             py,
             "batch_transfer_read_on_cuda",

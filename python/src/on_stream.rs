@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use tern_engine::Opcode;
+use tern_engine::TransferRequest;
 
 use crate::core::Core;
 use crate::errors::engine_error;
@@ -53,14 +53,16 @@ pub(crate) fn submit(
     py: Python<'_>,
     core: &Core,
     target: &str,
-    requests: &[(Opcode, usize, u64, usize)],
+    mut requests: Vec<TransferRequest>,
     stream_ptr: u64,
 ) -> PyResult<StreamTransfer> {
     let started = py.detach(|| -> Result<tern_engine::StreamTransfer, String> {
         let engine = &core.engine;
         let segment = engine.open_segment(target).map_err(|e| e.to_string())?;
         let stream = crate::raw::caller_stream(stream_ptr).map_err(|e| e.to_string())?;
-        let requests = crate::mooncake::to_segment(requests, segment);
+        for request in &mut requests {
+            request.target = segment;
+        }
         engine
             .submit_on_stream(&stream, requests)
             .map_err(|e| e.to_string())

@@ -17,6 +17,7 @@ use tern_engine::{
 
 use crate::config::{self, TransportChoice, process_env};
 use crate::core::{Core, EngineOptions, Failure, first_failure};
+use crate::descriptors;
 use crate::errors::{self, engine_error, invalid, log_failure};
 use crate::raw::HeldRegions;
 
@@ -58,6 +59,29 @@ impl Engine {
         lock(&self.open)
             .clone()
             .ok_or_else(|| invalid(py, "the engine is closed"))
+    }
+
+    /// Allocates a batch for `requests` and submits them, without the GIL.
+    fn submit_requests(
+        &self,
+        py: Python<'_>,
+        open: Arc<Open>,
+        requests: Vec<TransferRequest>,
+        segments: Vec<SegmentId>,
+    ) -> PyResult<PyBatch> {
+        let batch = py
+            .detach(|| -> Result<Batch, EngineError> {
+                let batch = open.core.engine.allocate_batch(requests.len())?;
+                open.core.engine.submit(&batch, &requests)?;
+                Ok(batch)
+            })
+            .map_err(|e| engine_error(py, &e))?;
+        Ok(PyBatch {
+            batch,
+            open,
+            segments,
+            retired: Mutex::new(false),
+        })
     }
 }
 
@@ -283,19 +307,39 @@ impl Engine {
             ids.dedup();
             ids
         };
-        let batch = py
-            .detach(|| -> Result<Batch, EngineError> {
-                let batch = open.core.engine.allocate_batch(requests.len())?;
-                open.core.engine.submit(&batch, &requests)?;
-                Ok(batch)
-            })
-            .map_err(|e| engine_error(py, &e))?;
-        Ok(PyBatch {
-            batch,
-            open,
-            segments,
-            retired: Mutex::new(false),
-        })
+        self.submit_requests(py, open, requests, segments)
+    }
+
+    /// Submits one batch to one segment from three equally long arguments, each a buffer of
+    /// `uint64` (a numpy array) or a list of int, read in place: a batch of many descriptors
+    /// then builds no Python object, and no list, per descriptor.
+    fn submit_arrays(
+        &self,
+        py: Python<'_>,
+        write: bool,
+        segment: u64,
+        local_addrs: &Bound<'_, PyAny>,
+        remote_addrs: &Bound<'_, PyAny>,
+        lengths: &Bound<'_, PyAny>,
+    ) -> PyResult<PyBatch> {
+        let open = self.open(py)?;
+        let template = TransferRequest {
+            opcode: if write { Opcode::Write } else { Opcode::Read },
+            source: 0,
+            target: SegmentId(segment),
+            target_offset: 0,
+            length: 0,
+        };
+        let requests = descriptors::requests(
+            template,
+            ["local_addrs", "remote_addrs", "lengths"],
+            [local_addrs, remote_addrs, lengths],
+        )?
+        .map_err(|reason| invalid(py, reason))?;
+        if requests.is_empty() {
+            return Err(invalid(py, "no requests to submit"));
+        }
+        self.submit_requests(py, open, requests, vec![SegmentId(segment)])
     }
 
     /// Sends a notification to a segment's node.

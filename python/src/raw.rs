@@ -20,11 +20,18 @@
 //! they go through a [`RegionPin`] of the region that holds the range, taken before the
 //! copy and dropped after it, so an unregister cannot succeed while a copy runs, and
 //! engine-owned buffers (`allocate_managed_buffer`) are copied the same way.
+//!
+//! One more kind of memory is only read, never registered: a buffer of `uint64` addresses or
+//! lengths given for a batch ([`U64Buffer`]), read in place through the buffer protocol
+//! while its export is held, so that a batch of many descriptors needs no Python integer
+//! per descriptor.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::{Mutex, MutexGuard};
 
+use pyo3::ffi;
 use pyo3::prelude::*;
 use tern_engine::{EngineError, OwnedBuffer, RegionPin, RegisterRaw, TransferEngine};
 
@@ -235,4 +242,157 @@ pub(crate) fn caller_stream(
     // `transfer_*_on_cuda` require and `tern.mooncake`'s documentation says; the value is
     // used only within the call (what is enqueued on the stream outlives it in the driver).
     unsafe { tern_engine::CallerStream::from_raw(stream_ptr as usize) }
+}
+
+/// `Py_buffer` as CPython lays it out (`Include/pybuffer.h`, in the stable ABI since 3.11 and
+/// unchanged since 3.3). pyo3-ffi declares it, and the two functions below, only for builds
+/// that need 3.11, while this wheel's stable ABI starts at 3.10, whose interpreter exports both
+/// functions all the same.
+#[repr(C)]
+struct PyBufferView {
+    buf: *mut c_void,
+    obj: *mut ffi::PyObject,
+    len: ffi::Py_ssize_t,
+    itemsize: ffi::Py_ssize_t,
+    readonly: c_int,
+    ndim: c_int,
+    format: *mut c_char,
+    shape: *mut ffi::Py_ssize_t,
+    strides: *mut ffi::Py_ssize_t,
+    suboffsets: *mut ffi::Py_ssize_t,
+    internal: *mut c_void,
+}
+
+unsafe extern "C" {
+    fn PyObject_GetBuffer(obj: *mut ffi::PyObject, view: *mut PyBufferView, flags: c_int) -> c_int;
+    fn PyBuffer_Release(view: *mut PyBufferView);
+}
+
+/// `PyBUF_FORMAT | PyBUF_STRIDES`: the item format, the shape and the strides, no suboffsets.
+const STRIDED_WITH_FORMAT: c_int = 0x0004 | 0x0010 | 0x0008;
+
+/// Why a buffer cannot be read as 64-bit unsigned integers.
+#[derive(Debug)]
+pub(crate) enum NotU64s {
+    /// Its items are not 64-bit unsigned integers (the format it declares).
+    Format(String),
+    /// It is not one-dimensional (its number of dimensions).
+    Shape(usize),
+}
+
+/// A one-dimensional buffer of 64-bit unsigned integers (a numpy `uint64` array, even a
+/// strided view; an `array('Q')`; a memoryview of format `Q`), read in place. The export is
+/// held until this drops, with the GIL (`Python<'py>` keeps it on an attached thread).
+pub(crate) struct U64Buffer<'py> {
+    // Boxed: exporters may point `shape` or `strides` into the view itself.
+    view: Box<PyBufferView>,
+    len: usize,
+    stride: isize,
+    _attached: Python<'py>,
+}
+
+impl<'py> U64Buffer<'py> {
+    /// The buffer of `obj`: `Ok(None)` when it exports none (the caller reads it another
+    /// way), `Err` when its buffer holds something other than one dimension of `uint64`.
+    pub(crate) fn of(obj: &Bound<'py, PyAny>) -> Result<Option<Self>, NotU64s> {
+        let py = obj.py();
+        let mut view = Box::new(PyBufferView {
+            buf: std::ptr::null_mut(),
+            obj: std::ptr::null_mut(),
+            len: 0,
+            itemsize: 0,
+            readonly: 0,
+            ndim: 0,
+            format: std::ptr::null_mut(),
+            shape: std::ptr::null_mut(),
+            strides: std::ptr::null_mut(),
+            suboffsets: std::ptr::null_mut(),
+            internal: std::ptr::null_mut(),
+        });
+        // SAFETY: `obj` is a live object and the GIL is held (`Bound<'py>`); `view` is a
+        // writable `Py_buffer` that stays at one address until `PyBuffer_Release` (boxed, and
+        // released only by `Drop`, or below when refused).
+        if unsafe { PyObject_GetBuffer(obj.as_ptr(), &mut *view, STRIDED_WITH_FORMAT) } != 0 {
+            // No buffer (or none the exporter gives with these flags): not an error here.
+            drop(PyErr::take(py));
+            return Ok(None);
+        }
+        // Built before any check, so that a refusal below releases the export too.
+        let mut buffer = Self {
+            view,
+            len: 0,
+            stride: 0,
+            _attached: py,
+        };
+        let view = &*buffer.view;
+        let format = if view.format.is_null() {
+            // The buffer protocol's default: unsigned bytes.
+            "B".to_owned()
+        } else {
+            // SAFETY: with `PyBUF_FORMAT` a non-null `format` is a NUL-terminated struct-module
+            // format string owned by the export, valid until it is released.
+            unsafe { CStr::from_ptr(view.format) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        if !is_u64_format(&format) || view.itemsize != 8 {
+            return Err(NotU64s::Format(format));
+        }
+        if view.ndim != 1 || view.shape.is_null() || view.strides.is_null() {
+            return Err(NotU64s::Shape(usize::try_from(view.ndim).unwrap_or(0)));
+        }
+        // SAFETY: with `PyBUF_STRIDES` (which includes `PyBUF_ND`) an exporter fills `shape`
+        // and `strides` with `ndim` entries each, valid until the export is released.
+        let (len, stride) = unsafe { (*view.shape, *view.strides) };
+        buffer.len = usize::try_from(len).unwrap_or(0);
+        buffer.stride = stride;
+        Ok(Some(buffer))
+    }
+
+    /// How many integers it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Its integers, in order.
+    pub(crate) fn values(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+        let base = self.view.buf.cast::<u8>().cast_const();
+        let stride = self.stride;
+        (0..self.len).map(move |i| {
+            // SAFETY: the export is held for as long as `self` lives (the iterator borrows
+            // it), and the buffer protocol's contract is that for a one-dimensional export item
+            // `i < shape[0]` lies at `buf + i * strides[0]`, `itemsize` (8) bytes of memory the
+            // exporter may not free, move or resize while the export is held. The read is
+            // unaligned because nothing obliges an exporter to align its items. A thread
+            // running without the GIL could write the integers meanwhile, as it could write
+            // any Python buffer: the values read are then checked by the engine like any
+            // others (an address outside registered memory fails the request).
+            unsafe {
+                base.offset(i as isize * stride)
+                    .cast::<u64>()
+                    .read_unaligned()
+            }
+        })
+    }
+}
+
+impl Drop for U64Buffer<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the view was filled by a successful `PyObject_GetBuffer` and is released
+        // exactly once, here, on a thread attached to the interpreter (`Python<'py>`).
+        unsafe { PyBuffer_Release(&mut *self.view) }
+    }
+}
+
+/// Whether a struct-module format names a 64-bit unsigned integer in this machine's byte
+/// order (`Q`, or `L` where native `unsigned long` has 64 bits; the item size is checked too).
+fn is_u64_format(format: &str) -> bool {
+    let code = match format.as_bytes() {
+        [code] => *code,
+        [b'@' | b'=', code] => *code,
+        [b'<', code] if cfg!(target_endian = "little") => *code,
+        [b'>' | b'!', code] if cfg!(target_endian = "big") => *code,
+        _ => return false,
+    };
+    matches!(code, b'Q' | b'L')
 }

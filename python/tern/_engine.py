@@ -256,6 +256,15 @@ def _loop_waker(loop: asyncio.AbstractEventLoop) -> _LoopWaker:
     return waker
 
 
+def _finish(batch: Batch, timeout: float | None) -> None:
+    """Waits for ``batch``; past ``timeout`` it is canceled and ``TransferTimeout`` raised."""
+    if not batch.wait(timeout):
+        batch.cancel()
+        from ._errors import TransferTimeout
+
+        raise TransferTimeout(f"the transfer did not finish within {timeout} s")
+
+
 Local = Union[int, Buffer, Region, Any]
 SegmentLike = Union[Segment, str]
 
@@ -429,12 +438,28 @@ class TransferEngine:
     def transfer(self, requests: Iterable[Request], timeout: float | None = None) -> None:
         """Submits and waits; raises the first failure. ``timeout``: seconds (default: the
         batch's deadline)."""
-        batch = self.submit(requests)
-        if not batch.wait(timeout):
-            batch.cancel()
-            from ._errors import TransferTimeout
+        _finish(self.submit(requests), timeout)
 
-            raise TransferTimeout(f"the transfer did not finish within {timeout} s")
+    def submit_arrays(self, segment: SegmentLike, local_addrs: Any, remote_addrs: Any, lengths: Any, *, write: bool) -> Batch:
+        """Submits one batch to ``segment`` from three equally long one-dimensional arrays:
+        local addresses, remote addresses and byte counts, task ``i`` being
+        ``(local_addrs[i], remote_addrs[i], lengths[i])``. Each is a numpy ``uint64`` array
+        (strided views too), an ``array.array('Q')``, any other buffer of ``uint64``, or a list
+        of ints; buffers are read in place, without a Python object per descriptor. The local
+        addresses must lie in registered memory.
+
+        Raises ``TypeError`` for another dtype (``int64`` included) or a non-sequence,
+        :class:`InvalidArgument` for more than one dimension, arrays of different lengths or
+        none at all; engine errors as :meth:`submit` does."""
+        return Batch(self, self._core.submit_arrays(bool(write), self._segment_id(segment), local_addrs, remote_addrs, lengths))
+
+    def write_arrays(self, segment: SegmentLike, local_addrs: Any, remote_addrs: Any, lengths: Any, *, timeout: float | None = None) -> None:
+        """:meth:`submit_arrays` of writes, waited for; raises the first failure."""
+        _finish(self.submit_arrays(segment, local_addrs, remote_addrs, lengths, write=True), timeout)
+
+    def read_arrays(self, segment: SegmentLike, local_addrs: Any, remote_addrs: Any, lengths: Any, *, timeout: float | None = None) -> None:
+        """:meth:`submit_arrays` of reads, waited for; raises the first failure."""
+        _finish(self.submit_arrays(segment, local_addrs, remote_addrs, lengths, write=False), timeout)
 
     def read(self, local: Local, segment: SegmentLike, remote_addr: int, nbytes: int | None = None, *, local_offset: int = 0, timeout: float | None = None) -> None:
         """Reads ``nbytes`` at ``remote_addr`` of ``segment`` into ``local`` and waits."""

@@ -1,0 +1,141 @@
+//! The integers a batch comes with (addresses, lengths, batch ids), read straight from what
+//! Python passed: a batch of many descriptors must cost the binding no Python object per
+//! descriptor, nor a vector per argument on the way to the engine's requests.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString};
+use tern_engine::TransferRequest;
+
+use crate::errors::invalid;
+use crate::raw::{NotU64s, U64Buffer};
+
+/// One argument's integers, where they already are.
+pub(crate) enum U64s<'a, 'py> {
+    /// A list: its items are read one by one, in place.
+    List(&'a Bound<'py, PyList>),
+    /// A buffer of `uint64` (numpy, `array('Q')`, memoryview), read in place.
+    Buffer(U64Buffer<'py>),
+    /// Any other iterable of integers (a tuple, a range), gathered first.
+    Gathered(Vec<u64>),
+}
+
+impl<'a, 'py> U64s<'a, 'py> {
+    /// Reads `obj`. `what` names the argument in errors; a wrong type raises `TypeError`,
+    /// a buffer of another number of dimensions than one `tern.InvalidArgument` (a
+    /// `ValueError`).
+    pub(crate) fn of(obj: &'a Bound<'py, PyAny>, what: &str) -> PyResult<Self> {
+        if let Ok(list) = obj.cast::<PyList>() {
+            return Ok(Self::List(list));
+        }
+        // A string would iterate as characters; a bytes object exports bytes, refused below.
+        if obj.is_instance_of::<PyString>() {
+            return Err(PyTypeError::new_err(format!(
+                "{what} must be a list of int or a buffer of uint64, not str"
+            )));
+        }
+        match U64Buffer::of(obj) {
+            Ok(Some(buffer)) => return Ok(Self::Buffer(buffer)),
+            Ok(None) => {}
+            Err(NotU64s::Format(format)) => {
+                return Err(PyTypeError::new_err(format!(
+                    "{what} must hold uint64 (buffer format 'Q'), not items of format {format:?}"
+                )));
+            }
+            Err(NotU64s::Shape(ndim)) => {
+                return Err(invalid(
+                    obj.py(),
+                    format!("{what} must be one-dimensional, not of {ndim} dimensions"),
+                ));
+            }
+        }
+        let gathered = obj
+            .try_iter()
+            .map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "{what} must be a list of int or a buffer of uint64, not {}",
+                    type_name(obj)
+                ))
+            })?
+            .map(|item| item.and_then(|item| int_u64(&item)))
+            .collect::<PyResult<Vec<u64>>>()?;
+        Ok(Self::Gathered(gathered))
+    }
+
+    /// How many integers there are.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Self::List(list) => list.len(),
+            Self::Buffer(buffer) => buffer.len(),
+            Self::Gathered(values) => values.len(),
+        }
+    }
+
+    /// Stores the `i`th integer into `out[i]` with `set`, for every slot of `out` (which
+    /// must not be longer than this).
+    pub(crate) fn fill<T>(&self, out: &mut [T], set: impl Fn(&mut T, u64)) -> PyResult<()> {
+        match self {
+            Self::List(list) => {
+                for (i, slot) in out.iter_mut().enumerate() {
+                    // Indexed, not iterated: the list may have shrunk (an `__index__` ran
+                    // Python code), and `get_item` then fails instead of reading past it.
+                    set(slot, int_u64(&list.get_item(i)?)?);
+                }
+            }
+            Self::Buffer(buffer) => {
+                for (slot, value) in out.iter_mut().zip(buffer.values()) {
+                    set(slot, value);
+                }
+            }
+            Self::Gathered(values) => {
+                for (slot, &value) in out.iter_mut().zip(values) {
+                    set(slot, value);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An integer as `u64`, by CPython's signed conversion where the value fits it: that one
+/// reads the digits in a loop, while the unsigned one goes through a byte array for any
+/// value above 2**30, as every address is. Anything else takes the `u64` conversion, which
+/// raises what a `u64` argument would (negative, too large, not an integer).
+fn int_u64(item: &Bound<'_, PyAny>) -> PyResult<u64> {
+    match item.extract::<i64>() {
+        Ok(value) if value >= 0 => Ok(value as u64),
+        _ => item.extract::<u64>(),
+    }
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+}
+
+/// A batch's three arguments (local addresses, remote addresses, lengths; named by `names`
+/// in messages) as requests like `template`, read in place into the one vector the engine is
+/// given. A wrong type raises; arguments of different lengths are `Ok(Err(reason))`, which
+/// each face reports its own way.
+pub(crate) fn requests(
+    template: TransferRequest,
+    names: [&str; 3],
+    [local, remote, lengths]: [&Bound<'_, PyAny>; 3],
+) -> PyResult<Result<Vec<TransferRequest>, String>> {
+    let local = U64s::of(local, names[0])?;
+    let remote = U64s::of(remote, names[1])?;
+    let lengths = U64s::of(lengths, names[2])?;
+    let (n, m, k) = (local.len(), remote.len(), lengths.len());
+    if n != m || n != k {
+        return Ok(Err(format!(
+            "lists of different lengths: {n} {}, {m} {}, {k} {}",
+            names[0], names[1], names[2]
+        )));
+    }
+    let mut requests = vec![template; n];
+    local.fill(&mut requests, |r, v| r.source = v as usize)?;
+    remote.fill(&mut requests, |r, v| r.target_offset = v)?;
+    lengths.fill(&mut requests, |r, v| r.length = v as usize)?;
+    Ok(Ok(requests))
+}
