@@ -259,6 +259,34 @@ impl SharedMapping {
         Ok(())
     }
 
+    /// Copies `len` bytes between `[offset, offset + len)` of the mapping and `[addr, addr +
+    /// len)` of a pinned region of device memory (`to_mapping`: from the device), with the
+    /// GPU's copy engine; both ranges are checked first.
+    pub fn copy_with_device(
+        &self,
+        offset: usize,
+        pin: &crate::RegionPin,
+        addr: usize,
+        len: usize,
+        to_mapping: bool,
+    ) -> Result<(), MemoryError> {
+        let mapped = self.at(offset, len)? as u64;
+        let range = pin
+            .device_range(addr, len)?
+            .ok_or(MemoryError::DeviceMemory { addr, len })?;
+        let (dst, src) = if to_mapping {
+            (mapped, range.addr)
+        } else {
+            (range.addr, mapped)
+        };
+        // SAFETY: the mapping's range is inside the live mapping (checked by `at`, and
+        // `&self` keeps it mapped); the device range lies in the pinned device region
+        // (checked), which stays allocated while pinned. What else writes either meanwhile is
+        // the caller's to order, as for every transfer.
+        unsafe { range.device.copy_any(dst, src, len) }
+            .map_err(|reason| MemoryError::Device { addr, reason })
+    }
+
     /// Copies `src` into the mapping at `offset` (for tests and probes).
     pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), MemoryError> {
         let dst = self.at(offset, src.len())?;

@@ -896,13 +896,24 @@ impl Link {
                     break;
                 }
                 let piece = (slice.len - at).min(COPY_PIECE);
-                outcome = slice
-                    .local()
-                    .slice(slice.local_addr + at, piece)
-                    .and_then(|local| match slice.opcode() {
-                        Opcode::Write => mapping.write_from(offset + at, local),
-                        Opcode::Read => mapping.read_into(offset + at, local),
-                    });
+                outcome = if slice.local().is_device() {
+                    // Device memory here, the peer's memfd mapped here: a GPU copy.
+                    mapping.copy_with_device(
+                        offset + at,
+                        slice.local(),
+                        slice.local_addr + at,
+                        piece,
+                        slice.opcode() == Opcode::Write,
+                    )
+                } else {
+                    slice
+                        .local()
+                        .slice(slice.local_addr + at, piece)
+                        .and_then(|local| match slice.opcode() {
+                            Opcode::Write => mapping.write_from(offset + at, local),
+                            Opcode::Read => mapping.read_into(offset + at, local),
+                        })
+                };
                 at += piece;
             }
             if outcome.is_ok() && at < slice.len {
@@ -967,9 +978,10 @@ impl Link {
             }
             let local_device = slice.local().is_device();
             match self.mapping(addr, len) {
-                Some(_) | None if local_device && self.is_host(addr, len) => self
-                    .device_declines
-                    .decline(slice, crate::DEVICE_TO_HOST_DECLINED, None),
+                None if local_device && self.is_plain(addr, len) => {
+                    self.device_declines
+                        .decline(slice, crate::DEVICE_TO_HOST_DECLINED, None)
+                }
                 Some(mapped) => self.copy_mapped(&mapped, slice, &mut rest, &mut unknown),
                 None if self.is_plain(addr, len) => plain.push(slice),
                 None => unknown.push(slice),
@@ -984,7 +996,7 @@ impl Link {
                 continue;
             }
             let local_device = slice.local().is_device();
-            if local_device && self.is_host(addr, len) {
+            if local_device && self.mapping(addr, len).is_none() && self.is_plain(addr, len) {
                 self.device_declines
                     .decline(slice, crate::DEVICE_TO_HOST_DECLINED, None);
                 continue;
@@ -1005,7 +1017,7 @@ impl Link {
             }
             match self.open(&slice, addr, len) {
                 Ok(Way::Device) => device.push(slice),
-                Ok(_) if local_device => {
+                Ok(Way::Plain) if local_device => {
                     self.device_declines
                         .decline(slice, crate::DEVICE_TO_HOST_DECLINED, None)
                 }
@@ -1025,11 +1037,6 @@ impl Link {
         if !plain.is_empty() {
             self.attach(plain);
         }
-    }
-
-    /// Whether the peer's buffer holding the range is known to be host memory.
-    fn is_host(&self, addr: u64, len: u64) -> bool {
-        self.mapping(addr, len).is_some() || self.is_plain(addr, len)
     }
 
     /// Moves one slice to or from the peer's device memory, chunk by chunk, each piece by a

@@ -65,11 +65,11 @@ use tern_engine::{
     TransferError, Transport, TransportContext, TransportError, TransportReport,
 };
 
-/// Why a slice between local device memory and a peer's host memory goes to the next
-/// transport: that memory is reached here by the CPU (a mapping, or cross-memory attach),
-/// which never touches device memory.
+/// Why a slice between local device memory and a peer's plain host memory (not a memfd)
+/// goes to the next transport: that memory is reached only by cross-memory attach, a CPU
+/// copy, which never touches device memory.
 pub(crate) const DEVICE_TO_HOST_DECLINED: &str =
-    "device memory to a peer's host memory: the same-host transport reaches that with the CPU";
+    "device memory to a peer's host memory outside memfds: reached only by cross-memory attach";
 /// Why the owner could not hand out its device memory (the driver's reason follows).
 pub(crate) const DEVICE_UNSHARED: &str = "the owner cannot share its device memory";
 /// Why this process could not map a peer's device memory (the driver's reason follows).

@@ -85,7 +85,7 @@ fn register(engine: &TransferEngine, addr: u64, len: usize) {
 
 /// What the owner child runs: a device buffer of each kind and a host buffer, filled with
 /// known bytes and registered; it prints `owner <segment> <legacy> <chunked> <host>
-/// <legacy inode> <chunk inodes…>`, then answers `sum <legacy|chunked|host>` with `sum
+/// <plain> <legacy inode> <chunk inodes…>`, then answers `sum <legacy|chunked|host|plain>` with `sum
 /// <digest>` and `unregister <chunked>` with `unregistered`, until its stdin closes. Without
 /// the variable it does nothing.
 #[test]
@@ -100,17 +100,21 @@ fn serves_as_the_device_owner_when_run_as_its_child() {
     chunked.write(0, &pattern(chunked.len(), 2)).unwrap();
     let owner = engine();
     let host = owner.allocate(HOST_LEN, "cpu:0").unwrap();
+    // Host memory that is not a memfd: peers reach it only by cross-memory attach.
+    let plain = vec![0u8; HOST_LEN];
+    register(&owner, plain.as_ptr() as u64, HOST_LEN);
     register(&owner, legacy.addr(), legacy.len());
     register(&owner, chunked.addr(), chunked.len());
     let inodes: Vec<String> = (0..CHUNKS)
         .map(|i| inode_at(chunked.addr() + (i * CHUNK) as u64).to_string())
         .collect();
     println!(
-        "\nowner {} {} {} {} {} {}",
+        "\nowner {} {} {} {} {} {} {}",
         owner.segment_name(),
         legacy.addr(),
         chunked.addr(),
         host.addr(),
+        plain.as_ptr() as u64,
         inode_at(legacy.addr()),
         inodes.join(" ")
     );
@@ -133,6 +137,7 @@ fn serves_as_the_device_owner_when_run_as_its_child() {
                 host.read_at(0, &mut bytes).unwrap();
                 println!("sum {}", digest(&bytes));
             }
+            ["sum", "plain"] => println!("sum {}", digest(&plain)),
             ["unregister", "chunked"] => {
                 owner.unregister_memory(chunked.addr() as usize).unwrap();
                 println!("unregistered");
@@ -141,7 +146,7 @@ fn serves_as_the_device_owner_when_run_as_its_child() {
         }
     }
     drop(owner);
-    drop((legacy, chunked));
+    drop((legacy, chunked, plain));
 }
 
 fn run(engine: &TransferEngine, requests: &[TransferRequest]) {
@@ -200,14 +205,15 @@ fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() 
     );
     let said = owner.next("owner ");
     let words: Vec<&str> = said.split_whitespace().collect();
-    let (segment, legacy, chunked, host) = (
+    let (segment, legacy, chunked, host, plain) = (
         words[0],
         words[1].parse::<u64>().unwrap(),
         words[2].parse::<u64>().unwrap(),
         words[3].parse::<u64>().unwrap(),
+        words[4].parse::<u64>().unwrap(),
     );
-    let legacy_inode: u64 = words[4].parse().unwrap();
-    let chunk_inodes: Vec<u64> = words[5..].iter().map(|w| w.parse().unwrap()).collect();
+    let legacy_inode: u64 = words[5].parse().unwrap();
+    let chunk_inodes: Vec<u64> = words[6..].iter().map(|w| w.parse().unwrap()).collect();
     assert_eq!(chunk_inodes.len(), CHUNKS);
 
     let initiator = engine();
@@ -283,28 +289,40 @@ fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() 
     assert_eq!(stats(&initiator, "tcp").bytes, 0, "nothing fell to TCP");
     assert!(shm.declined.is_empty(), "{:?}", shm.declined);
 
-    // Local device memory to the peer's host memory is the CPU's to reach there: declined to
-    // TCP, and counted under its reason.
+    // Local device memory to the peer's memfd host memory: a GPU copy into the mapping.
     let sent = pattern(HOST_LEN, 7);
     local_device.write(0, &sent).unwrap();
-    run(
-        &initiator,
-        &[TransferRequest::write(
-            local_device.addr() as usize,
-            peer,
-            host,
-            HOST_LEN,
-        )],
-    );
+    let write_to = |to: u64| {
+        run(
+            &initiator,
+            &[TransferRequest::write(
+                local_device.addr() as usize,
+                peer,
+                to,
+                HOST_LEN,
+            )],
+        )
+    };
+    write_to(host);
     assert_eq!(
         owner.ask("sum host", "sum ").parse::<u64>().unwrap(),
+        digest(&sent)
+    );
+    let shm = stats(&initiator, "shm");
+    assert_eq!(shm.bytes, moved + HOST_LEN as u64);
+    assert!(shm.declined.is_empty(), "{:?}", shm.declined);
+    // To its plain host memory, which only cross-memory attach (the CPU) reaches: declined
+    // to TCP, and counted under its reason.
+    write_to(plain);
+    assert_eq!(
+        owner.ask("sum plain", "sum ").parse::<u64>().unwrap(),
         digest(&sent)
     );
     let shm = stats(&initiator, "shm");
     let declined = shm
         .declined
         .iter()
-        .find(|d| d.reason.contains("host memory"))
+        .find(|d| d.reason.contains("cross-memory attach"))
         .expect("the decline is counted under its reason");
     assert!(declined.bytes >= HOST_LEN as u64, "{declined:?}");
     assert!(stats(&initiator, "tcp").bytes >= HOST_LEN as u64);
