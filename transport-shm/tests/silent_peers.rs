@@ -88,7 +88,7 @@ fn silent_connections_keep_no_peer_off_the_socket_and_are_closed_at_the_exchange
         .expect("an honest peer's proof was not taken");
     let hello = Frame::Hello {
         magic: MAGIC,
-        version: 1,
+        version: tern_transport_shm::identity::VERSION as u16,
         nonce: [5; NONCE_LEN],
         client_segment: "honest".into(),
         server_segment: target.segment_name().into(),
