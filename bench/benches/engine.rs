@@ -7,38 +7,17 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tern_engine::{
-    RegionInfo, SegmentDesc, SegmentId, Slice, TransferEngine, TransferRequest, Transport,
-    TransportContext, TransportError,
-};
+use tern_engine::{SegmentId, TransferEngine, TransferRequest};
 use tern_memreg::RegionMap;
 
-/// Completes every slice at once, on the submitting thread.
-struct InstantTransport;
-
-impl Transport for InstantTransport {
-    fn protocol(&self) -> &'static str {
-        "instant"
-    }
-    fn start(&self, _context: TransportContext) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn describe(&self, _desc: &mut SegmentDesc, _regions: &[RegionInfo]) {}
-    fn max_slice_size(&self) -> usize {
-        1 << 20
-    }
-    fn submit(&self, slices: Vec<Slice>) {
-        for slice in slices {
-            slice.complete();
-        }
-    }
-    fn shutdown(&self) {}
-}
+#[path = "support/threaded.rs"]
+mod threaded;
+use threaded::ThreadedTransport;
 
 fn submit_complete(c: &mut Criterion) {
     let engine = TransferEngine::builder()
         .local_server_name("127.0.0.1")
-        .transport(InstantTransport)
+        .transport(ThreadedTransport::instant(1 << 20))
         .build()
         .expect("engine");
     let buffer = engine.allocate(1 << 20, "cpu:0").expect("buffer");
@@ -78,7 +57,7 @@ fn open_cached_segment(c: &mut Criterion) {
     let build = || {
         TransferEngine::builder()
             .local_server_name("127.0.0.1")
-            .transport(InstantTransport)
+            .transport(ThreadedTransport::instant(1 << 20))
             .build()
             .expect("engine")
     };

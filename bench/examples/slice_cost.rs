@@ -1,11 +1,17 @@
-//! Runs `BATCHES` batches of 128 requests of 64 KiB (one slice each; a second argument sets
-//! the requests per batch, 1 for the cost of a lone request) through the engine with
-//! a transport that completes slices on another thread, and nothing else: run under
-//! `valgrind --tool=callgrind` at two batch counts, the difference in instructions divided
-//! by the difference in slices is the engine's instruction cost per slice — a figure that,
-//! unlike time, does not move with the load on a shared machine. `cargo xtask bench` does
-//! that (with `TERN_WAIT_SPIN_US=0`, so waits sleep instead of spinning a varying number of
-//! times); `TERN_METRICS=0` shows what the engine's counting and timing cost.
+//! Runs `BATCHES` batches of 128 requests of 64 KiB (one slice each) through the engine with
+//! a transport that moves no bytes, and nothing else: run under `valgrind --tool=callgrind`
+//! at two batch counts, the difference in instructions divided by the difference in
+//! requests is the engine's instruction cost per request — a figure that, unlike time, does
+//! not move with the load on a shared machine. `cargo xtask bench` does that (with
+//! `TERN_WAIT_SPIN_US=0`, so waits sleep instead of spinning a varying number of times);
+//! `TERN_METRICS=0` shows what the engine's counting and timing cost.
+//!
+//! `slice_cost BATCHES [PER_BATCH] [contiguous|gaps] [threaded|instant]`:
+//! - `PER_BATCH`: requests per batch, 128 by default, 1 for the cost of a lone request.
+//! - `contiguous` requests are neighbours both locally and remotely, so the engine merges
+//!   them into one run; `gaps` leaves 4 KiB between them, so each moves on its own.
+//! - `threaded` completes slices on another thread, as real transports do; `instant`
+//!   completes them inside `submit`, which leaves the engine's bookkeeping alone.
 
 use std::time::Duration;
 
@@ -15,31 +21,42 @@ use tern_engine::{SegmentId, TransferEngine, TransferRequest};
 mod threaded;
 use threaded::ThreadedTransport;
 
+const LEN: usize = 64 << 10;
+const MAX_PER_BATCH: usize = 128;
+
 fn main() {
-    let batches: usize = std::env::args()
-        .nth(1)
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let batches: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(100);
+    let per_batch: usize = args
+        .get(1)
         .and_then(|a| a.parse().ok())
-        .unwrap_or(100);
-    // Requests per batch: 128 for the per-slice figure, 1 for the per-request one.
-    let per_batch: usize = std::env::args()
-        .nth(2)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(128)
-        .clamp(1, 128);
+        .unwrap_or(MAX_PER_BATCH)
+        .clamp(1, MAX_PER_BATCH);
+    let gap = match args.get(2).map(String::as_str) {
+        None | Some("contiguous") => 0,
+        Some("gaps") => 4 << 10,
+        Some(other) => panic!("layout {other}: contiguous or gaps"),
+    };
+    let transport = match args.get(3).map(String::as_str) {
+        None | Some("threaded") => ThreadedTransport::new(LEN),
+        Some("instant") => ThreadedTransport::instant(LEN),
+        Some(other) => panic!("transport {other}: threaded or instant"),
+    };
     let engine = TransferEngine::builder()
         .local_server_name("127.0.0.1")
-        .transport(ThreadedTransport::new(64 << 10))
+        .transport(transport)
         .build()
         .expect("engine");
-    let len = 64 << 10;
-    let buffer = engine.allocate(2 * 128 * len, "cpu:0").expect("buffer");
+    let stride = LEN + gap;
+    let half = MAX_PER_BATCH * stride;
+    let buffer = engine.allocate(2 * half, "cpu:0").expect("buffer");
     let requests: Vec<TransferRequest> = (0..per_batch)
         .map(|i| {
             TransferRequest::write(
-                buffer.addr() + i * len,
+                buffer.addr() + i * stride,
                 SegmentId::LOCAL,
-                (buffer.addr() + (128 + i) * len) as u64,
-                len,
+                (buffer.addr() + half + i * stride) as u64,
+                LEN,
             )
         })
         .collect();

@@ -91,7 +91,9 @@ pub(crate) struct TaskState {
     /// A write some of whose bytes left without their landing being confirmed: they may
     /// still land at the peer after the task ended.
     remote_may_change: AtomicBool,
-    error: OnceLock<TransferError>,
+    /// Boxed: a batch sets up and lets go of a task per request, and the few that fail can
+    /// afford an allocation.
+    error: OnceLock<Box<TransferError>>,
 }
 
 impl TaskState {
@@ -113,8 +115,11 @@ impl TaskState {
 #[derive(Debug)]
 pub(crate) struct TaskTable {
     tasks: Box<[TaskState]>,
-    /// `(first task, stats::clock_ns)` of each submit call, in task order (timed batches
-    /// only): one record per call, none per task.
+    /// `stats::clock_ns` of the submit call that took task 0 (timed batches only; 0 until
+    /// then): most batches take one call, which so stores its start without a lock.
+    first_start: AtomicU64,
+    /// `(first task, stats::clock_ns)` of each later submit call, in task order (timed
+    /// batches only): one record per call, none per task.
     starts: Mutex<Vec<(usize, u64)>>,
 }
 
@@ -132,9 +137,11 @@ pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
     let split = |word: u64| (word & MAX_TASK_BYTES, word >> PROGRESS_SHIFT);
     let starts = table.starts.lock().unwrap_or_else(|p| p.into_inner());
     let mut next_start = 0;
-    let mut started_ns = 0;
+    let mut started_ns = table.first_start.load(Ordering::Acquire);
     // A batch's tasks mostly go to one transport: summed here, added to the tally per run.
     let (mut run, mut run_bytes, mut run_slices) = (0, 0, 0);
+    // Completed tasks alike in (write, bytes, time taken) not recorded yet, and how many.
+    let (mut alike, mut alike_tasks) = ((false, 0, 0), 0);
     for (task, t) in table.tasks.iter().enumerate() {
         while let Some(&(first, at)) = starts.get(next_start)
             && first <= task
@@ -165,10 +172,22 @@ pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
         let ended = word >> ENDED_SHIFT;
         if ended != 0 && state_of(word) == COMPLETED {
             let write = t.slices_total.load(Ordering::Relaxed) & WRITE_FLAG != 0;
-            tally.took(write, total_bytes, ended.saturating_sub(started_ns));
+            let took = (write, total_bytes, ended.saturating_sub(started_ns));
+            // The tasks of one submit call mostly match in all three (their ends shared one
+            // clock reading): recorded together.
+            if took != alike {
+                if alike_tasks > 0 {
+                    tally.took(alike.0, alike.1, alike.2, alike_tasks);
+                }
+                (alike, alike_tasks) = (took, 0);
+            }
+            alike_tasks += 1;
         }
     }
     tally.moved(run.wrapping_sub(1), run_bytes, run_slices);
+    if alike_tasks > 0 {
+        tally.took(alike.0, alike.1, alike.2, alike_tasks);
+    }
 }
 
 /// The transports a waiting thread may help ([`Transport::offers_help`]).
@@ -203,8 +222,8 @@ impl std::fmt::Debug for Helpers {
 #[derive(Debug)]
 pub(crate) struct BatchInner {
     tasks: Arc<TaskTable>,
-    /// Serialises slot reservation; never held while doing I/O.
-    reserve: Mutex<usize>,
+    /// Task slots reserved.
+    reserved: AtomicUsize,
     submitted: AtomicUsize,
     unfinished: AtomicUsize,
     wake_lock: Mutex<()>,
@@ -250,6 +269,7 @@ impl BatchInner {
     ) -> Self {
         let tasks = Arc::new(TaskTable {
             tasks: (0..capacity).map(|_| TaskState::default()).collect(),
+            first_start: AtomicU64::new(0),
             starts: Mutex::default(),
         });
         if let Some(timer) = &timer {
@@ -257,7 +277,7 @@ impl BatchInner {
         }
         Self {
             tasks,
-            reserve: Mutex::new(0),
+            reserved: AtomicUsize::new(0),
             submitted: AtomicUsize::new(0),
             unfinished: AtomicUsize::new(0),
             wake_lock: Mutex::new(()),
@@ -285,21 +305,30 @@ impl BatchInner {
         if self.freed.load(Ordering::Acquire) {
             return Err(EngineError::BatchFreed);
         }
-        let mut used = self.reserve.lock().unwrap_or_else(|p| p.into_inner());
-        let room = self.capacity() - *used;
-        if n > room {
-            return Err(EngineError::TooManyRequests {
-                capacity: self.capacity(),
-                room,
+        let capacity = self.capacity();
+        let first = self
+            .reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (n <= capacity - used).then_some(used + n)
+            })
+            .map_err(|used| EngineError::TooManyRequests {
+                capacity,
+                room: capacity - used,
                 requested: n,
-            });
-        }
-        let first = *used;
-        *used += n;
+            })?;
         if self.timer.is_some() {
             // The tasks' start, one record for the call: a task stores nothing for metrics.
-            let mut starts = self.tasks.starts.lock().unwrap_or_else(|p| p.into_inner());
-            starts.push((first, clock_ns()));
+            // The tasks start after this returns, so a reader that sees them started sees
+            // the record too.
+            let at = clock_ns();
+            if first == 0 {
+                self.tasks.first_start.store(at, Ordering::Release);
+            } else {
+                let mut starts = self.tasks.starts.lock().unwrap_or_else(|p| p.into_inner());
+                // Calls racing each other record in task order all the same.
+                let at_index = starts.partition_point(|&(task, _)| task < first);
+                starts.insert(at_index, (first, at));
+            }
         }
         self.unfinished.fetch_add(n, Ordering::SeqCst);
         Ok(first)
@@ -465,7 +494,7 @@ impl BatchInner {
 
     /// Fails `task` for a slice of it that failed (and lets go after this).
     pub(crate) fn fail_task(&self, task: usize, error: TransferError) {
-        let _ = self.tasks[task].error.set(error);
+        let _ = self.tasks[task].error.set(Box::new(error));
         self.end(task, FAILED);
     }
 
@@ -654,7 +683,7 @@ impl BatchInner {
             _ => TransferStatus::Failed(
                 t.error
                     .get()
-                    .cloned()
+                    .map(|error| TransferError::clone(error))
                     .unwrap_or(TransferError::Dropped("no reason recorded".into())),
             ),
         };
@@ -707,6 +736,10 @@ impl BatchInner {
     /// Sleeps until no task is in flight, `timeout` passes, or the deadline passes; tasks
     /// that ended meanwhile with slices still out are waited for up to [`DRAIN`] more.
     pub(crate) fn wait(&self, timeout: Duration) -> BatchStatus {
+        if self.unfinished.load(Ordering::Acquire) == 0 && self.ending.load(Ordering::SeqCst) == 0 {
+            // Over already: what the loops below come to, without reading the clock.
+            return self.status();
+        }
         let started = Instant::now();
         let mut until = started + timeout;
         let mut draining = false;

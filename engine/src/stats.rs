@@ -220,7 +220,8 @@ struct Histogram {
 }
 
 impl Histogram {
-    fn record(&mut self, ns: u64) {
+    /// `tasks` tasks took `ns` each.
+    fn record(&mut self, ns: u64, tasks: u64) {
         // The first bound not below the whole µs of `ns` (the bounds ascend) — the first
         // whose next µs starts above `ns`; past the last, the overflow.
         const ABOVE_NS: [u64; LATENCY_BUCKETS_US.len()] = {
@@ -233,8 +234,8 @@ impl Histogram {
             above
         };
         let bucket = ABOVE_NS.partition_point(|&above| above <= ns);
-        self.buckets[bucket] += 1;
-        self.sum_ns += ns;
+        self.buckets[bucket] += tasks;
+        self.sum_ns += ns * tasks;
     }
 }
 
@@ -254,9 +255,9 @@ impl Tally {
         }
     }
 
-    /// A task of `len` bytes took `ns` to complete.
-    pub(crate) fn took(&mut self, write: bool, len: u64, ns: u64) {
-        self.latency[usize::from(write)][size_class(len as usize)].record(ns);
+    /// `tasks` tasks of `len` bytes each took `ns` to complete.
+    pub(crate) fn took(&mut self, write: bool, len: u64, ns: u64, tasks: u64) {
+        self.latency[usize::from(write)][size_class(len as usize)].record(ns, tasks);
     }
 
     /// The latency histograms with something in them.
@@ -1126,7 +1127,7 @@ mod tests {
     fn latency_buckets_take_the_first_bound_not_below() {
         let mut histogram = Histogram::default();
         for us in [0, 5, 6, 10, 11, 10_000_000, 10_000_001] {
-            histogram.record(us * 1_000);
+            histogram.record(us * 1_000, 1);
         }
         let counts = histogram.buckets;
         assert_eq!(counts[0], 2, "0 and 5 µs are in the first bucket (≤ 5)");

@@ -1,6 +1,7 @@
 //! Batches: checking and slicing requests, handing slices to the transport that reaches
 //! each peer, and the synchronous helper.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,37 @@ use crate::types::{SegmentId, TransferRequest, TransferStatus};
 /// one it can share before it pins its region anew: enough for the layers of a model
 /// submitted in turn, few enough that a lookup stays cheaper than a pin.
 const RECENT_SUBMISSIONS: usize = 64;
+
+/// What one submit call works in, kept by the thread between calls so that a submit
+/// allocates only the lists of slices it hands to the transports.
+struct Scratch {
+    extents: Vec<Extent>,
+    /// One pin and one shared record for the requests from one region to one peer.
+    submissions: Vec<Arc<Submission>>,
+    /// The slices for each transport (same index).
+    groups: Vec<Vec<Slice>>,
+}
+
+impl Scratch {
+    const EMPTY: Self = Self {
+        extents: Vec::new(),
+        submissions: Vec::new(),
+        groups: Vec::new(),
+    };
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::EMPTY
+    }
+}
+
+thread_local! {
+    /// Taken by a submit and put back empty when it ends: a submit made from inside
+    /// another (a completion hook run by a transport's `submit`) finds it taken and starts
+    /// with empty lists of its own.
+    static SCRATCH: Cell<Scratch> = const { Cell::new(Scratch::EMPTY) };
+}
 
 impl TransferEngine {
     /// A new batch taking up to `capacity` requests.
@@ -69,9 +101,12 @@ impl TransferEngine {
         // The peer of the request before, and its routes: a batch usually has one peer.
         let mut cached: Option<(Arc<PeerSegment>, Routes)> = None;
         let mut refreshed: Vec<SegmentId> = Vec::new();
-        // One pin and one shared record for the requests from one region to one peer.
-        let mut submissions: Vec<Arc<Submission>> = Vec::new();
-        let mut extents: Vec<Extent> = Vec::with_capacity(requests.len());
+        let Scratch {
+            mut extents,
+            mut submissions,
+            mut groups,
+        } = SCRATCH.take();
+        extents.reserve(requests.len());
         for (i, request) in requests.iter().enumerate() {
             let task = first + i;
             if cached
@@ -116,20 +151,29 @@ impl TransferEngine {
                 Err(error) => batch_inner.fail_unstarted(task, error),
             }
         }
-        let mut groups: Vec<Vec<Slice>> =
-            self.inner.transports.iter().map(|_| Vec::new()).collect();
+        groups.resize_with(self.inner.transports.len(), Vec::new);
+        let expected = extents.len();
         plan(
             &mut extents,
             self.inner.merge_requests,
             MAX_TASK_BYTES,
-            |run| self.cut_run(batch_inner, run, &submissions, &mut groups),
+            |run| self.cut_run(batch_inner, run, &submissions, &mut groups, expected),
         );
         batch_inner.publish(first + requests.len());
-        for (transport, slices) in self.inner.transports.iter().zip(groups) {
+        extents.clear();
+        for (transport, slices) in self.inner.transports.iter().zip(&mut groups) {
             if !slices.is_empty() {
-                transport.submit(slices);
+                transport.submit(std::mem::take(slices));
             }
         }
+        // The batch's tasks may have ended by now: this call's hold on the pins goes before
+        // it returns, as it did when the list was the call's own.
+        submissions.clear();
+        SCRATCH.set(Scratch {
+            extents,
+            submissions,
+            groups,
+        });
         Ok(())
     }
 
@@ -216,6 +260,7 @@ impl TransferEngine {
         run: &[Extent],
         submissions: &[Arc<Submission>],
         groups: &mut [Vec<Slice>],
+        expected: usize,
     ) {
         let Some(head) = run.first() else {
             return;
@@ -243,8 +288,25 @@ impl TransferEngine {
         );
         let (opcode, local, remote) = (head.opcode, head.local, head.remote);
         let group = &mut groups[transport_index];
+        if group.capacity() == 0 {
+            // Room for a slice per request at once: most requests are one slice.
+            group.reserve(cuts.count().max(expected));
+        }
         if let [alone] = run {
             let task = alone.task as usize;
+            if cuts.count() == 1 {
+                // Most requests: one slice, without the iterator below.
+                group.push(Slice::new(
+                    submission.clone(),
+                    opcode,
+                    task,
+                    local,
+                    run_len,
+                    remote,
+                ));
+                batch.start_task(task, 1, opcode, transport_index);
+                return;
+            }
             group.extend(cuts.pieces().map(|(offset, len)| {
                 Slice::new(
                     submission.clone(),
@@ -269,11 +331,21 @@ impl TransferEngine {
             let slices = cuts.pieces_over(extent.local - local, extent.len) as u32;
             batch.start_task(extent.task as usize, slices, opcode, transport_index);
         }
+        let mut part = 0;
         group.extend(cuts.pieces().map(|(offset, len)| {
+            // Pieces and parts both ascend: the part holding a piece's start is at or after
+            // the one holding the piece before's.
+            while parts
+                .get(part + 1)
+                .is_some_and(|p| p.start <= local + offset)
+            {
+                part += 1;
+            }
             Slice::of_run(
                 submission.clone(),
                 opcode,
                 parts.clone(),
+                part,
                 local + offset,
                 len,
                 remote + offset as u64,

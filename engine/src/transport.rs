@@ -335,6 +335,15 @@ pub(crate) struct TaskPart {
     pub(crate) task: u32,
 }
 
+/// The index of the part of `parts` holding `addr`, searching from `parts[from]` on (a part
+/// at or before it).
+fn part_holding(parts: &[TaskPart], from: usize, addr: usize) -> usize {
+    let rest = parts.get(from..).unwrap_or_default();
+    from + rest
+        .partition_point(|part| part.start <= addr)
+        .saturating_sub(1)
+}
+
 /// The tasks a slice carries bytes of, with how many bytes of each.
 struct SliceTasks<'a> {
     /// The merged run's parts, from the first the slice touches; empty for a slice of one
@@ -396,6 +405,19 @@ impl LastOf {
             .chain(&self.more)
             .map(|&task| task as usize)
     }
+
+    /// Completes these tasks, after letting go of the slice's `submission` (and with the
+    /// last slice, its pin): so that no one sees them ended before.
+    fn complete(self, submission: Arc<Submission>) {
+        if self.is_empty() {
+            return;
+        }
+        let batch = submission.batch.clone();
+        drop(submission);
+        for task in self.tasks() {
+            batch.complete_task(task);
+        }
+    }
 }
 
 /// The transports that reach one peer, best first.
@@ -439,7 +461,8 @@ pub struct Slice {
     /// Remote start address.
     pub remote_addr: u64,
     opcode: Opcode,
-    /// The task, for a slice of one request (`run` is `None`).
+    /// The task, for a slice of one request (`run` is `None`); for a slice of a merged run,
+    /// the index in `run` of the first part it touches, so that reporting needs no search.
     task: u32,
     /// Which of the submission's routes carries it now.
     rank: u8,
@@ -469,22 +492,23 @@ impl Slice {
         }
     }
 
-    /// A slice of a merged run: it carries bytes of the tasks of `run` it overlaps.
+    /// A slice of a merged run: it carries bytes of the tasks of `run` it overlaps, from
+    /// `run[first_part]` on (the part holding `local_addr`).
     pub(crate) fn of_run(
         submission: Arc<Submission>,
         opcode: Opcode,
         run: Arc<[TaskPart]>,
+        first_part: usize,
         local_addr: usize,
         len: usize,
         remote_addr: u64,
     ) -> Self {
-        let task = run.first().map_or(0, |part| part.task);
         Self {
             local_addr,
             len,
             remote_addr,
             opcode,
-            task,
+            task: first_part as u32,
             rank: 0,
             submission: Some(submission),
             run: Some(run),
@@ -494,12 +518,17 @@ impl Slice {
     /// The piece `[offset, offset + len)` of this slice, for `submission`, carried by route
     /// `rank`.
     fn piece(&self, submission: Arc<Submission>, offset: usize, len: usize, rank: u8) -> Slice {
+        let local_addr = self.local_addr + offset;
+        let task = match self.run.as_deref() {
+            None => self.task,
+            Some(parts) => part_holding(parts, self.task as usize, local_addr) as u32,
+        };
         Slice {
-            local_addr: self.local_addr + offset,
+            local_addr,
             len,
             remote_addr: self.remote_addr + offset as u64,
             opcode: self.opcode,
-            task: self.task,
+            task,
             rank,
             submission: Some(submission),
             run: self.run.clone(),
@@ -516,9 +545,7 @@ impl Slice {
                 only: Some((self.task as usize, self.len as u64)),
             };
         };
-        let first = parts
-            .partition_point(|part| part.start <= self.local_addr)
-            .saturating_sub(1);
+        let first = self.task as usize;
         SliceTasks {
             parts: parts.get(first..).unwrap_or_default(),
             at: self.local_addr,
@@ -613,6 +640,31 @@ impl Slice {
         let Some(submission) = self.submission.take() else {
             return;
         };
+        if self.rank == 0 && matches!(outcome, Outcome::Done) {
+            // The common case, a slice done by its first transport: what the loops below
+            // come to for it, in one pass (each task counts its share before its progress).
+            let batch = &submission.batch;
+            if self.run.is_none() {
+                let task = self.task as usize;
+                if batch.slice_progress(task, self.len as u64) {
+                    let batch = batch.clone();
+                    drop(submission);
+                    batch.complete_task(task);
+                }
+                return;
+            }
+            let mut last_of = LastOf::default();
+            for (i, (task, bytes)) in self.tasks().enumerate() {
+                if i > 0 {
+                    // Every task counts the slice; the first transport's tally counts it once.
+                    batch.slice_uncredited(task, 0);
+                }
+                if batch.slice_progress(task, bytes) {
+                    last_of.push(task);
+                }
+            }
+            return last_of.complete(submission);
+        }
         let transport = submission
             .routes
             .get(self.rank as usize)
@@ -663,16 +715,7 @@ impl Slice {
                 last_of.push(task);
             }
         }
-        if last_of.is_empty() {
-            return;
-        }
-        // Tasks end here: let go of the submission (and with the last slice, its pin) before
-        // anyone can see them ended.
-        let batch = batch.clone();
-        drop(submission);
-        for task in last_of.tasks() {
-            batch.complete_task(task);
-        }
+        last_of.complete(submission);
     }
 
     /// The slice moved all its bytes.

@@ -1,5 +1,8 @@
 //! `cargo xtask bench`: Tern beside baselines that do the same work, measured in the same run,
-//! reported as ratios.
+//! reported as ratios. By default the headline tables, in minutes (1 s runs), a progress line
+//! as each section starts; `--full` runs every section (5 s runs, the emulated RDMA guest
+//! included), and `--tcp-only`, `--shm-only`, `--pages-only`, `--python-only`, `--rdma-only`
+//! one section each.
 //!
 //! - TCP on loopback, a small-message profile: 4 KiB, 16 KiB, 64 KiB and 1 MiB, read and
 //!   write, batch 1 and batch 128, one initiator thread; each row beside a baseline from
@@ -7,12 +10,16 @@
 //!   buffers as large as Tern's, for throughput; one connection's request–reply round trip of
 //!   the same block for latency. Message rate, p50/p99, GB/s and CPU-µs per GB of both
 //!   processes.
-//! - The cost of a cluster secret on the 64 KiB rows.
-//! - RDMA in one Soft-RoCE guest boot: the same profile beside perftest with as many QPs as
-//!   Tern uses (`-q 2` for `MC_NUM_QP_PER_EP` 2, and `-q 1` beside Tern with 1), latency
-//!   beside `ib_read_lat`/`ib_write_lat`, and the CPU an idle engine uses.
-//! - The Python rows, the etcd watch latency, pre-touch, registration cost and the criterion
-//!   microbenchmarks, with the engine's instruction count per slice (callgrind).
+//! - Same host beside memcpy and UCX ([`crate::shm`]); by default the memfd path only.
+//! - KV-shaped pages (one request per 16 KiB page, in shuffled runs and fully shuffled)
+//!   beside the same bytes in 1 MiB requests, on TCP and same-host.
+//! - The Python rows.
+//! - `--full` only: the cost of a cluster secret on the 64 KiB rows; RDMA in one Soft-RoCE
+//!   guest boot: the same profile beside perftest with as many QPs as Tern uses (`-q 2` for
+//!   `MC_NUM_QP_PER_EP` 2, and `-q 1` beside Tern with 1), latency beside
+//!   `ib_read_lat`/`ib_write_lat`, and the CPU an idle engine uses; the etcd watch latency,
+//!   pre-touch, registration cost and the criterion microbenchmarks, with the engine's
+//!   instruction count per request (callgrind).
 
 use std::path::Path;
 use std::process::Command;
@@ -500,9 +507,12 @@ fn registration_cost_in_guest() {
     }
 }
 
-/// Instructions the engine spends per slice (callgrind: 120 batches minus 20, of 128
-/// slices each), where valgrind is installed; a figure the machine's load does not move.
-fn instructions_per_slice() {
+/// Instructions the engine spends per request (callgrind: the difference between two batch
+/// counts, over the difference in requests), where valgrind is installed; a figure the
+/// machine's load does not move. Batch 1, and batches of 128 contiguous requests (merged
+/// into one run) and of 128 with gaps (each its own), with the transport completing slices
+/// on another thread and, for the engine's bookkeeping alone, inside `submit`.
+fn instructions_per_request() {
     let mut build = cargo();
     build.args([
         "build",
@@ -516,13 +526,13 @@ fn instructions_per_slice() {
         return;
     }
     let exe = root().join("target/release/examples/slice_cost");
-    let count = |batches: u32, metrics: &str| -> Option<f64> {
-        let out = root().join(format!("target/callgrind.slice_cost.{batches}"));
+    let count = |case: &[String], metrics: &str| -> Option<f64> {
+        let out = root().join(format!("target/callgrind.slice_cost.{}", case.join(".")));
         let output = Command::new("valgrind")
             .arg("--tool=callgrind")
             .arg(format!("--callgrind-out-file={}", out.display()))
             .arg(&exe)
-            .arg(batches.to_string())
+            .args(case)
             .env("TERN_WAIT_SPIN_US", "0")
             .env("TERN_METRICS", metrics)
             .output()
@@ -536,19 +546,193 @@ fn instructions_per_slice() {
             .parse()
             .ok()
     };
-    let per_slice =
-        |metrics: &str| Some((count(120, metrics)? - count(20, metrics)?) / (100.0 * 128.0));
-    match (per_slice("1"), per_slice("0")) {
-        (Some(on), Some(off)) => println!(
-            "\nEngine instructions per 64 KiB slice (batch of 128, a transport completing on another thread; callgrind): {on:.0} with metrics, {off:.0} without ({:+.0} for counters and timing)",
-            on - off
-        ),
-        _ => eprintln!("xtask: no valgrind here; instructions per slice not counted"),
+    // (requests per batch, layout, batches in the short run and in the long one)
+    let cases = [
+        (1usize, "contiguous", 20usize, 220usize),
+        (128, "contiguous", 20, 120),
+        (128, "gaps", 20, 120),
+    ];
+    println!(
+        "\nEngine instructions per 64 KiB request (callgrind, with metrics / without):\n\n| batch | layout | transport completing on another thread | transport completing in submit |\n|---|---|---|---|"
+    );
+    for (per_batch, layout, short, long) in cases {
+        let per_request = |transport: &str, metrics: &str| {
+            let case = |batches: usize| {
+                [batches, per_batch]
+                    .map(|n| n.to_string())
+                    .into_iter()
+                    .chain([layout.to_owned(), transport.to_owned()])
+                    .collect::<Vec<_>>()
+            };
+            Some(
+                (count(&case(long), metrics)? - count(&case(short), metrics)?)
+                    / ((long - short) * per_batch) as f64,
+            )
+        };
+        let cell =
+            |transport: &str| match (per_request(transport, "1"), per_request(transport, "0")) {
+                (Some(on), Some(off)) => format!("{on:.0} / {off:.0}"),
+                _ => "no valgrind".to_owned(),
+            };
+        println!(
+            "| {per_batch} | {layout} | {} | {} |",
+            cell("threaded"),
+            cell("instant")
+        );
     }
 }
 
+/// Pages per layer, layers and the page of the KV-shaped rows: 32 layers of 4 MiB.
+const KV_PAGES: usize = 256;
+const KV_LAYERS: usize = 32;
+const KV_PAGE: usize = 16 << 10;
+/// The baseline's request: one layer is four of them.
+const KV_BIG: usize = 1 << 20;
+
+/// The KV-shaped rows: 32 layers × 16 KiB pages, one request per page, submitted a layer's
+/// bytes (4 MiB) at a time, in runs of 8 pages shuffled and fully shuffled, beside the same
+/// layers moved as 1 MiB requests, 4 to a submit; TCP and same-host, {ROUNDS} rounds taken in
+/// turn, medians.
+fn pages(exe: &Path, duration: f64) -> Result<(), String> {
+    let lanes_env = [("MC_TCP_LANES_PER_PEER", tcp_lanes().to_string())];
+    let seconds = (duration / ROUNDS as f64).max(1.0);
+    // Room for the layers and the page gap after each, in either page size.
+    let buffer = KV_LAYERS * (KV_PAGES * KV_PAGE / KV_BIG + 1) * KV_BIG;
+    let shape = |page: usize, order: &str, extra: &[&str]| -> Vec<String> {
+        let per_layer = KV_PAGES * KV_PAGE / page;
+        [
+            "--operation=write".to_owned(),
+            format!("--pages={per_layer}"),
+            format!("--layers={KV_LAYERS}"),
+            format!("--page_size={page}"),
+            format!("--page_order={order}"),
+            format!("--batch_size={per_layer}"),
+            "--threads=1".into(),
+            format!("--duration={seconds}"),
+            format!("--buffer_size={buffer}"),
+        ]
+        .into_iter()
+        .chain(extra.iter().map(|e| (*e).to_owned()))
+        .collect()
+    };
+    let rows = [
+        (
+            "1 MiB requests",
+            KV_BIG,
+            "contiguous",
+            Some("--no_merge"),
+            None,
+        ),
+        ("16 KiB pages", KV_PAGE, "runs:8", None, Some(0.9)),
+        ("16 KiB pages", KV_PAGE, "shuffled", None, Some(0.5)),
+    ];
+    println!(
+        "\nKV-shaped writes on loopback: {KV_LAYERS} layers of {} MiB, one thread, a layer's bytes per submit ({} pages of {} KiB, or 4 requests of 1 MiB without merging), {ROUNDS} rounds in turn of {seconds} s, medians:\n",
+        (KV_PAGES * KV_PAGE) >> 20,
+        KV_PAGES,
+        KV_PAGE >> 10
+    );
+    println!(
+        "| protocol | requests | order | GB/s | requests/s | submit ns/request | vs 1 MiB requests |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for protocol in ["tcp", "shm"] {
+        let mut runs: Vec<Vec<String>> = vec![Vec::new(); rows.len()];
+        for _ in 0..ROUNDS {
+            for (i, (_, page, order, extra, _)) in rows.iter().enumerate() {
+                let mut args = shape(*page, order, extra.as_slice());
+                args.push(format!("--protocol={protocol}"));
+                runs[i].push(tern(exe, &args, &lanes_env)?);
+            }
+        }
+        let medians: Vec<String> = runs
+            .into_iter()
+            .map(|r| median_by(r, |j| json_number(j, "gbps").unwrap_or(f64::NAN)))
+            .collect::<Option<_>>()
+            .ok_or("no pages rounds")?;
+        let base = json_number(&medians[0], "gbps").unwrap_or(f64::NAN);
+        for ((what, _, order, _, goal), json) in rows.iter().zip(&medians) {
+            let n = |k: &str| json_number(json, k).unwrap_or(f64::NAN);
+            let gbps = n("gbps");
+            println!(
+                "| {protocol} | {what} | {order} | {gbps:.2} | {:.0} | {:.0} | {} |",
+                n("requests_per_s"),
+                n("submit_ns_per_request"),
+                ratio_mark(gbps / base, *goal, true)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Prints a line as each section of a run starts: where the run is, and how long it has
+/// taken so far.
+struct Progress {
+    sections: usize,
+    done: usize,
+    started: std::time::Instant,
+}
+
+impl Progress {
+    fn new(sections: usize) -> Self {
+        Self {
+            sections,
+            done: 0,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    fn section(&mut self, name: &str) {
+        use std::io::Write as _;
+        self.done += 1;
+        let secs = self.started.elapsed().as_secs();
+        println!(
+            "\n[{}/{}] {name} … ({}m{:02}s in)",
+            self.done,
+            self.sections,
+            secs / 60,
+            secs % 60
+        );
+        let _ = std::io::stdout().flush();
+    }
+
+    fn finish(&self) {
+        let secs = self.started.elapsed().as_secs();
+        println!(
+            "\nbench: {} sections in {}m{:02}s (after the build)",
+            self.sections,
+            secs / 60,
+            secs % 60
+        );
+    }
+}
+
+/// The headline sections, the default run's four (`full`: the same-host table with every
+/// memory path); returns the TCP profile's raw JSON lines.
+fn headline(
+    progress: &mut Progress,
+    exe: &Path,
+    duration: f64,
+    full: bool,
+) -> Result<Vec<String>, String> {
+    progress.section("TCP vs TCP streams and round trips");
+    let raw = tcp_profile(exe, duration)?;
+    progress.section("same-host vs memcpy and UCX");
+    shm::bench(exe, duration, !full);
+    progress.section("KV-shaped pages vs 1 MiB requests, TCP and same-host");
+    pages(exe, duration)?;
+    progress.section("Python beside tern-bench");
+    wheel::bench(exe, duration);
+    Ok(raw)
+}
+
+/// Seconds per run of the default bench: the headline tables in minutes.
+const HEADLINE_DURATION: f64 = 1.0;
+
 pub(crate) fn command(args: &[String]) -> Result<(), String> {
-    let quick = args.iter().any(|a| a == "--quick");
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    let quick = has("--quick");
+    let full = has("--full");
     if let Err(e) = deps(&[Group::Bench]) {
         eprintln!("xtask: going on without the optional bench packages: {e}");
     }
@@ -556,43 +740,67 @@ pub(crate) fn command(args: &[String]) -> Result<(), String> {
         .windows(2)
         .find(|w| w[0] == "--duration")
         .and_then(|w| w[1].parse::<f64>().ok())
-        .unwrap_or(if quick { 2.0 } else { 5.0 });
+        .unwrap_or(match (full, quick) {
+            (false, _) => HEADLINE_DURATION,
+            (true, true) => 2.0,
+            (true, false) => 5.0,
+        });
     let mut build = cargo();
     build.args(["build", "--release", "-p", "tern-bench"]);
     run(build, "cargo build --release -p tern-bench")?;
     let exe = root().join("target/release/tern-bench");
-    if args.iter().any(|a| a == "--rdma-only") {
+    if has("--rdma-only") {
         rdma_in_guest(&exe, duration);
         return Ok(());
     }
-    if args.iter().any(|a| a == "--python-only") {
+    if has("--python-only") {
         wheel::bench(&exe, duration);
         return Ok(());
     }
-    if args.iter().any(|a| a == "--shm-only") {
-        shm::bench(&exe, duration);
+    if has("--shm-only") {
+        shm::bench(&exe, duration, !full);
         return Ok(());
     }
-    let raw = tcp_profile(&exe, duration)?;
-    if args.iter().any(|a| a == "--tcp-only") {
+    if has("--pages-only") {
+        return pages(&exe, duration);
+    }
+    if has("--tcp-only") {
+        tcp_profile(&exe, duration)?;
         return Ok(());
     }
-    secret_cost(&exe, duration)?;
-    watch_latency(&exe);
+    if !full {
+        let mut progress = Progress::new(4);
+        headline(&mut progress, &exe, duration, false)?;
+        progress.finish();
+        println!(
+            "(`cargo xtask bench --full` adds the plain same-host path, the cluster secret's cost, \
+             etcd watch latency, RDMA in the Soft-RoCE guest, pre-touch, registration cost, \
+             instructions per request and the criterion benches)"
+        );
+        return Ok(());
+    }
+    let mut progress = Progress::new(11);
+    let raw = headline(&mut progress, &exe, duration, true)?;
     let report = root().join("target/tern-bench-results.jsonl");
     let _ = std::fs::write(&report, raw.join("\n") + "\n");
     println!("\nraw TCP results: {}", report.display());
-
-    shm::bench(&exe, duration);
-    wheel::bench(&exe, duration);
+    progress.section("the cost of a cluster secret");
+    secret_cost(&exe, duration)?;
+    progress.section("etcd watch latency");
+    watch_latency(&exe);
+    progress.section("RDMA in the Soft-RoCE guest");
     rdma_in_guest(&exe, duration);
 
+    progress.section("parallel pre-touch vs memset");
     let mut pretouch = cargo();
     pretouch.args(["bench", "-p", "tern-bench", "--bench", "pretouch"]);
     run(pretouch, "parallel pre-touch vs memset (4 GiB)")?;
+    progress.section("memory registration on Soft-RoCE");
     registration_cost_in_guest();
-    instructions_per_slice();
+    progress.section("engine instructions per request (callgrind)");
+    instructions_per_request();
 
+    progress.section("criterion benches");
     let mut criterion = cargo();
     criterion.args([
         "bench",
@@ -607,5 +815,7 @@ pub(crate) fn command(args: &[String]) -> Result<(), String> {
     if quick {
         criterion.args(["--warm-up-time", "1", "--measurement-time", "2"]);
     }
-    run(criterion, "criterion benches")
+    let outcome = run(criterion, "criterion benches");
+    progress.finish();
+    outcome
 }

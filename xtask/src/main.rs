@@ -4,8 +4,8 @@
 //!   prints the command;
 //! - `cargo xtask test` installs what the tests need, then runs formatting, lints, docs and
 //!   every test of the workspace;
-//! - `cargo xtask bench` runs the loopback benchmark against a TCP baseline it measures in
-//!   the same run, prints the ratios, then runs the criterion benches;
+//! - `cargo xtask bench` runs the headline benchmarks against baselines it measures in the
+//!   same run and prints the ratios; `--full` adds the rest (the RDMA guest, criterion);
 //! - `cargo xtask wheel [--tcp-only]` builds the `tern` Python wheel;
 //! - `cargo xtask gpu` builds the GPU bundle (`target/gpu-bundle/run.sh`) for a GPU host.
 //!
@@ -157,7 +157,7 @@ fn main() -> ExitCode {
         Some("gpu") => gpu::command(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   loopback benchmark vs a TCP baseline, watch latency on etcd, criterion benches\n          [--duration SECS] [--quick] [--rdma-only] [--python-only] [--shm-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked\n  soak --minutes N [--processes K] [--rdma] [--release]  random verified transfers, K processes; fails on errors or growth\n  memcheck  the TCP transfer tests under valgrind memcheck\n  wheel [--tcp-only]  build the tern Python wheel into target/wheels/ (maturin in a venv under target/)\n  gpu     build the GPU bundle target/gpu-bundle/ (tests, wheels, run.sh) for a machine with an NVIDIA GPU\n  fuzz [--seconds N] [--target NAME] [--stable]  every fuzz target for N s (default 60); fails on a crash"
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   the headline tables in minutes: TCP and same-host beside their baselines, KV-shaped pages, Python\n          [--full (everything: the RDMA guest, etcd, criterion...)] [--duration SECS] [--quick]\n          [--tcp-only] [--shm-only] [--pages-only] [--python-only] [--rdma-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked\n  soak --minutes N [--processes K] [--rdma] [--release]  random verified transfers, K processes; fails on errors or growth\n  memcheck  the TCP transfer tests under valgrind memcheck\n  wheel [--tcp-only]  build the tern Python wheel into target/wheels/ (maturin in a venv under target/)\n  gpu     build the GPU bundle target/gpu-bundle/ (tests, wheels, run.sh) for a machine with an NVIDIA GPU\n  fuzz [--seconds N] [--target NAME] [--stable]  every fuzz target for N s (default 60); fails on a crash"
             );
             return ExitCode::from(2);
         }

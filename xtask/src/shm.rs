@@ -187,27 +187,35 @@ fn tern_rate(
 /// One row of Tern: its path (`memfd` or `plain`), operation, block and buffer size.
 type Row = (&'static str, &'static str, usize, usize);
 
-/// Runs every row and prints the table.
-pub(crate) fn bench(exe: &Path, duration: f64) {
-    let seconds = (duration.max(1.0) / ROUNDS as f64).max(1.0);
+/// Runs every row and prints the table. `headline`: the memfd rows only, without the idle
+/// run, for the default bench that answers in minutes.
+pub(crate) fn bench(exe: &Path, duration: f64, headline: bool) {
+    let memories: &[&'static str] = if headline {
+        &["memfd"]
+    } else {
+        &["memfd", "plain"]
+    };
+    // The headline run takes the other benches' rounds: it answers in minutes.
+    let rounds = if headline { crate::ROUNDS } else { ROUNDS };
+    let seconds = (duration.max(1.0) / rounds as f64).max(1.0);
     println!(
-        "\nSame host (one initiator thread, batch 128, loopback; memcpy, ucx_perftest and Tern in this run, each the median of {ROUNDS} rounds taken in turn):\n"
+        "\nSame host (one initiator thread, batch 128, loopback; memcpy, ucx_perftest and Tern in this run, each the median of {rounds} rounds taken in turn):\n"
     );
     let mut memcpy: HashMap<(&str, usize, usize), Vec<f64>> = HashMap::new();
     let mut ucx: HashMap<Row, Vec<f64>> = HashMap::new();
     let mut tern: HashMap<Row, Vec<f64>> = HashMap::new();
     let mut lines = Vec::new();
     let mut port = 13400u16;
-    for memory in ["memfd", "plain"] {
+    for &memory in memories {
         for block in BLOCKS {
             for buffer in [SPAN, block] {
                 eprintln!(
-                    "xtask: shm {memory} {} KiB over {} KiB: {ROUNDS} rounds of memcpy, Tern{}",
+                    "xtask: shm {memory} {} KiB over {} KiB: {rounds} rounds of memcpy, Tern{}",
                     block / 1024,
                     buffer / 1024,
                     if buffer == block { " and UCX" } else { "" }
                 );
-                for _ in 0..ROUNDS {
+                for _ in 0..rounds {
                     memcpy
                         .entry((memory, block, buffer))
                         .or_default()
@@ -251,7 +259,7 @@ pub(crate) fn bench(exe: &Path, duration: f64) {
         "| path | op | block | over | Tern GB/s | memcpy GB/s | ratio | UCX GB/s | Tern / UCX |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
-    for memory in ["memfd", "plain"] {
+    for &memory in memories {
         for block in BLOCKS {
             for buffer in [SPAN, block] {
                 for op in ["write", "read"] {
@@ -317,7 +325,7 @@ pub(crate) fn bench(exe: &Path, duration: f64) {
             }
         }
     }
-    for memory in ["memfd", "plain"] {
+    for &memory in memories {
         for block in BLOCKS {
             for op in ["write", "read"] {
                 if let (Some(ours), Some(theirs)) =
@@ -336,7 +344,9 @@ pub(crate) fn bench(exe: &Path, duration: f64) {
     let report = crate::root().join("target/tern-bench-shm.jsonl");
     let _ = std::fs::write(&report, lines.join("\n") + "\n");
     println!("\nraw results: {}", report.display());
-    idle(exe);
+    if !headline {
+        idle(exe);
+    }
 }
 
 /// CPU of an idle initiator and target with a peer mapped, 5 s.

@@ -1,35 +1,57 @@
-//! A transport that completes every slice on a worker thread of its own, as real transports
-//! do, and moves no bytes: what the slices bench and the slice_cost example measure the
-//! engine with.
+//! A transport that moves no bytes and completes every slice either on a worker thread of
+//! its own, as real transports do, or at once inside `submit` (which leaves the engine's own
+//! bookkeeping alone): what the slices and engine benches and the slice_cost example measure
+//! the engine with.
 
 use crossbeam_channel::{Receiver, Sender};
 use tern_engine::{
     RegionInfo, ReportTogether, SegmentDesc, Slice, Transport, TransportContext, TransportError,
 };
 
-/// Completes every slice it is given on its worker thread (which ends when it is dropped).
+/// Completes every slice it is given, on its worker thread (which ends when it is dropped)
+/// or, without one, on the submitting thread.
 pub struct ThreadedTransport {
     slice_size: usize,
-    to_worker: Sender<Vec<Slice>>,
+    to_worker: Option<Sender<Vec<Slice>>>,
+}
+
+/// All of them end now, as a real transport learns of many ends in one poll.
+fn complete_all(slices: Vec<Slice>) {
+    let _together = ReportTogether::begin();
+    for slice in slices {
+        slice.complete();
+    }
 }
 
 impl ThreadedTransport {
-    /// Cuts requests into slices of `slice_size`.
+    /// Cuts requests into slices of `slice_size`, completed on a worker thread.
+    #[allow(
+        dead_code,
+        reason = "each bench that includes this file uses one constructor"
+    )]
     pub fn new(slice_size: usize) -> Self {
         let (to_worker, from_submitters): (Sender<Vec<Slice>>, Receiver<Vec<Slice>>) =
             crossbeam_channel::unbounded();
         std::thread::spawn(move || {
             while let Ok(slices) = from_submitters.recv() {
-                // All of them end now, as a real transport learns of many ends in one poll.
-                let _together = ReportTogether::begin();
-                for slice in slices {
-                    slice.complete();
-                }
+                complete_all(slices);
             }
         });
         Self {
             slice_size,
-            to_worker,
+            to_worker: Some(to_worker),
+        }
+    }
+
+    /// Cuts requests into slices of `slice_size`, completed inside `submit`.
+    #[allow(
+        dead_code,
+        reason = "each bench that includes this file uses one constructor"
+    )]
+    pub fn instant(slice_size: usize) -> Self {
+        Self {
+            slice_size,
+            to_worker: None,
         }
     }
 }
@@ -46,7 +68,12 @@ impl Transport for ThreadedTransport {
         self.slice_size
     }
     fn submit(&self, slices: Vec<Slice>) {
-        let _ = self.to_worker.send(slices);
+        match &self.to_worker {
+            Some(to_worker) => {
+                let _ = to_worker.send(slices);
+            }
+            None => complete_all(slices),
+        }
     }
     fn shutdown(&self) {}
 }
