@@ -9,6 +9,9 @@ as lists of int and as numpy ``uint64`` arrays, p50 per call (the engine merges 
 runs, so what grows with the count is the per-descriptor work: the binding's, and the engine's,
 which tern-bench's row of the same shape measures; ``--protocol shm`` keeps the bytes' share
 steady enough for the difference to show);
+``--module mooncake`` runs the same case through Mooncake's own module (``mooncake.engine``) in
+place of the drop-in, against the same ``tern-bench`` target, to compare the two on the same
+lists and transport (lists only: Mooncake's batch calls take no arrays);
 ``--case idle``: the process's CPU while its engine idles, then while a thread is blocked in
 ``batch_transfer_sync_write`` to a stopped target until the deadline.
 Prints one JSON line.
@@ -21,9 +24,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
-
-from tern.mooncake import TransferEngine
 
 BUFFER = 256 << 20
 DESCRIPTORS, DESCRIPTOR_BYTES = 100_000, 16 << 10
@@ -40,13 +42,29 @@ def stopped(pid: int) -> bool:
     return all(stat.rsplit(") ", 1)[1][:1] in "Tt" for stat in stats)
 
 
+def engine_class(module: str):
+    if module == "tern":
+        from tern.mooncake import TransferEngine
+
+        return TransferEngine
+    # Mooncake's engine.so links libcuda.so.1 even for host memory; lazy binding lets it load
+    # where only a stub of that library is present, since the host paths never call into it.
+    sys.setdlopenflags(os.RTLD_LAZY | os.RTLD_GLOBAL)
+    from mooncake.engine import TransferEngine
+
+    return TransferEngine
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=["latency", "throughput", "descriptors", "idle"], required=True)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--tern-bench", required=True)
     parser.add_argument("--protocol", choices=["tcp", "shm"], default="tcp")
+    parser.add_argument("--module", choices=["tern", "mooncake"], default="tern")
+    parser.add_argument("--chunk", type=int, default=DESCRIPTORS, help="descriptors per call in --case descriptors")
     args = parser.parse_args()
+    TransferEngine = engine_class(args.module)
     if args.case == "idle":
         os.environ["MC_TRANSFER_TIMEOUT"] = "5"
     buffer = DESCRIPTORS * DESCRIPTOR_BYTES if args.case == "descriptors" else BUFFER
@@ -72,7 +90,7 @@ def main() -> None:
         base = engine.allocate_managed_buffer(buffer)
         assert base != 0
         remote = engine.get_first_buffer_address(segment)
-        result: dict = {"case": args.case, "protocol": args.protocol}
+        result: dict = {"case": args.case, "protocol": args.protocol, "module": args.module}
         if args.case == "latency":
             block, blocks = 4096, BUFFER // 4096
             latencies = []
@@ -109,20 +127,23 @@ def main() -> None:
 
             offsets = [i * DESCRIPTOR_BYTES for i in range(DESCRIPTORS)]
             lists = ([base + o for o in offsets], [remote + o for o in offsets], [DESCRIPTOR_BYTES] * DESCRIPTORS)
-            arrays = tuple(np.array(values, dtype=np.uint64) for values in lists)
+            forms = [("lists", lists)]
+            if args.module == "tern":
+                forms.append(("numpy", tuple(np.array(values, dtype=np.uint64) for values in lists)))
             # Alternating, so that both forms see the same moments of the machine.
-            times: dict[str, list[float]] = {"lists": [], "numpy": []}
+            times: dict[str, list[float]] = {form: [] for form, _ in forms}
             stop = time.perf_counter() + args.duration
-            while time.perf_counter() < stop or not times["numpy"]:
-                for form, given in (("lists", lists), ("numpy", arrays)):
+            while time.perf_counter() < stop or not times[forms[-1][0]]:
+                for form, given in forms:
                     began = time.perf_counter_ns()
-                    code = engine.batch_transfer_sync_write(segment, *given)
+                    for first in range(0, DESCRIPTORS, args.chunk):
+                        code = engine.batch_transfer_sync_write(segment, *(values[first : first + args.chunk] for values in given))
+                        assert code == 0, f"batch_transfer_sync_write of {args.chunk} descriptors returned {code}"
                     times[form].append((time.perf_counter_ns() - began) / 1000)
-                    assert code == 0
             for form, values in times.items():
                 values.sort()
                 result[f"p50_{form}_us"] = values[len(values) // 2]
-            result.update(calls=len(times["lists"]), descriptors=DESCRIPTORS, block=DESCRIPTOR_BYTES)
+            result.update(calls=len(times["lists"]), descriptors=DESCRIPTORS, block=DESCRIPTOR_BYTES, per_call=args.chunk)
         else:
             idle = min(args.duration, 5.0)
             cpu, wall = cpu_seconds(), time.monotonic()

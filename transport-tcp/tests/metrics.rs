@@ -28,18 +28,19 @@ fn metric(text: &str, series: &str) -> Option<f64> {
 }
 
 /// Runs 10 reads of 4 KiB, 5 writes of 64 KiB and 2 reads of 2 MiB from `initiator` to
-/// `target`; returns the bytes moved.
+/// `target`; returns the bytes moved. A gap after each request keeps the engine from merging
+/// neighbours, so that each request's slices are its own.
 fn transfer(initiator: &TransferEngine, target: &TransferEngine) -> usize {
-    let remote = target.allocate(8 * MIB, "cpu:0").unwrap();
-    let local = initiator.allocate(8 * MIB, "cpu:0").unwrap();
+    let remote = target.allocate(10 * MIB, "cpu:0").unwrap();
+    let local = initiator.allocate(10 * MIB, "cpu:0").unwrap();
     let peer = initiator.open_segment(target.segment_name()).unwrap();
     let (l, r) = (local.addr(), remote.addr() as u64);
     let mut requests = Vec::new();
     for i in 0..10 {
-        requests.push(TransferRequest::read(l + i * 4 * KIB, peer, r, 4 * KIB));
+        requests.push(TransferRequest::read(l + i * 8 * KIB, peer, r, 4 * KIB));
     }
     for i in 0..5 {
-        let at = MIB + i * 64 * KIB;
+        let at = MIB + i * 128 * KIB;
         requests.push(TransferRequest::write(
             l + at,
             peer,
@@ -48,7 +49,7 @@ fn transfer(initiator: &TransferEngine, target: &TransferEngine) -> usize {
         ));
     }
     for i in 0..2 {
-        let at = 4 * MIB + i * 2 * MIB;
+        let at = 4 * MIB + i * 3 * MIB;
         requests.push(TransferRequest::read(l + at, peer, r + at as u64, 2 * MIB));
     }
     let batch = initiator.allocate_batch(requests.len()).unwrap();

@@ -13,7 +13,8 @@
 //! - Same host beside memcpy and UCX ([`crate::shm`]); by default the memfd path only.
 //! - KV-shaped pages (one request per 16 KiB page, in shuffled runs and fully shuffled)
 //!   beside the same bytes in 1 MiB requests, on TCP and same-host.
-//! - The Python rows.
+//! - The Python rows; beside Mooncake's own module with `MOONCAKE_PY` set, or with
+//!   `--python-only --mooncake` (its wheel fetched from PyPI into `target/python/`).
 //! - `--full` only: the cost of a cluster secret on the 64 KiB rows; RDMA in one Soft-RoCE
 //!   guest boot: the same profile beside perftest with as many QPs as Tern uses (`-q 2` for
 //!   `MC_NUM_QP_PER_EP` 2, and `-q 1` beside Tern with 1), latency beside
@@ -722,7 +723,7 @@ fn headline(
     progress.section("KV-shaped pages vs 1 MiB requests, TCP and same-host");
     pages(exe, duration)?;
     progress.section("Python beside tern-bench");
-    wheel::bench(exe, duration);
+    wheel::bench(exe, duration, false);
     Ok(raw)
 }
 
@@ -754,7 +755,7 @@ pub(crate) fn command(args: &[String]) -> Result<(), String> {
         return Ok(());
     }
     if has("--python-only") {
-        wheel::bench(&exe, duration);
+        wheel::bench(&exe, duration, has("--mooncake"));
         return Ok(());
     }
     if has("--shm-only") {

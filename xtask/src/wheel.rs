@@ -205,17 +205,79 @@ pub fn guest_suite() -> String {
     )
 }
 
+/// Mooncake's own Python module, to run `bench.py --module mooncake` with.
+struct MooncakePython {
+    python: PathBuf,
+    /// Extra library path the module needs to load (none for a `MOONCAKE_PY` given by hand).
+    library_path: Option<String>,
+}
+
+/// Mooncake's wheel from PyPI: its `engine.so` links the CUDA runtime (NVIDIA's wheel brings
+/// it) and `libcuda.so.1`, which a host without a GPU driver lacks; a stub library that says
+/// "no device" to `cuInit` stands in for it. Nothing outside `target/python/` is touched.
+const MOONCAKE_PACKAGES: [&str; 2] = [
+    "mooncake-transfer-engine==0.3.13.post1",
+    "nvidia-cuda-runtime-cu12==12.9.79",
+];
+
+/// `MOONCAKE_PY` (a Python that imports `mooncake.engine`) if set; else, with `prepare`
+/// (`--mooncake`), a venv of Mooncake's wheel under `target/python/`.
+fn mooncake_python(prepare: bool) -> Result<Option<MooncakePython>, String> {
+    if let Some(python) = std::env::var_os("MOONCAKE_PY") {
+        return Ok(Some(MooncakePython {
+            python: PathBuf::from(python),
+            library_path: None,
+        }));
+    }
+    if !prepare {
+        return Ok(None);
+    }
+    let dir = python_dir().join("venv-mooncake");
+    let python = venv(&dir, &MOONCAKE_PACKAGES)?;
+    let stub = python_dir().join("cuda-stub");
+    std::fs::create_dir_all(&stub).map_err(|e| format!("{}: {e}", stub.display()))?;
+    let source = stub.join("cuda_stub.c");
+    // CUDA_ERROR_NO_DEVICE (100): the answer of a driver on a host without a GPU.
+    std::fs::write(
+        &source,
+        "int cuInit(unsigned int flags) { (void)flags; return 100; }\n",
+    )
+    .map_err(|e| format!("{}: {e}", source.display()))?;
+    let mut cc = Command::new("cc");
+    cc.args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
+        .arg(stub.join("libcuda.so.1"))
+        .arg(&source);
+    run(cc, "cc: a libcuda.so.1 stub for Mooncake's module")?;
+    let runtime = std::fs::read_dir(dir.join("lib"))
+        .map_err(|e| format!("{}: {e}", dir.display()))?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path().join("site-packages/nvidia/cuda_runtime/lib"))
+        .find(|path| path.is_dir())
+        .ok_or("the CUDA runtime wheel has no lib/ folder")?;
+    Ok(Some(MooncakePython {
+        python,
+        library_path: Some(format!("{}:{}", stub.display(), runtime.display())),
+    }))
+}
+
+/// Mooncake's TCP transport refuses a batch larger than its lane queue (queue-full, -1 for
+/// the whole batch: 4 096 was refused here, 1 024 taken), so its rows of the 100 000
+/// descriptors are calls of this many.
+const MOONCAKE_DESCRIPTORS_PER_CALL: usize = 1024;
+
 /// The Python rows of `cargo xtask bench`, beside `tern-bench` with the same parameters in
-/// the same run. Reported, never fatal.
-pub fn bench(exe: &Path, duration: f64) {
-    if let Err(e) = bench_rows(exe, duration) {
+/// the same run; with Mooncake's module (`MOONCAKE_PY`, or `mooncake`: prepared here) beside
+/// the drop-in. Reported, never fatal.
+pub fn bench(exe: &Path, duration: f64, mooncake: bool) {
+    if let Err(e) = bench_rows(exe, duration, mooncake) {
         eprintln!("xtask: the Python benchmark failed: {e}");
     }
 }
 
-fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
+fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
     let wheel = build(Variant::Default)?;
     let python = test_venv(Variant::Default, &wheel)?;
+    let mooncake = mooncake_python(mooncake)?;
     let rust_sized = |protocol: &str,
                       op: &str,
                       block: usize,
@@ -248,15 +310,19 @@ fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
     let rust = |protocol: &str, op: &str, block: usize, batch: usize| {
         rust_sized(protocol, op, block, batch, 256 << 20)
     };
-    let python_row = |case: &str, protocol: &str| -> Result<String, String> {
-        let output = Command::new(&python)
+    let bench_py = |interpreter: &Path, case: &str, protocol: &str, extra: &[String]| {
+        let mut command = Command::new(interpreter);
+        command
             .arg(root().join("python/bench/bench.py"))
             .args(["--case", case, "--duration", &duration.to_string()])
             .args(["--protocol", protocol])
             .arg("--tern-bench")
             .arg(exe)
-            .output()
-            .map_err(|e| format!("bench.py: {e}"))?;
+            .args(extra);
+        command
+    };
+    let python_output = |mut command: Command, case: &str| -> Result<String, String> {
+        let output = command.output().map_err(|e| format!("bench.py: {e}"))?;
         if !output.status.success() {
             return Err(format!(
                 "bench.py {case}: {}",
@@ -265,6 +331,23 @@ fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
         }
         let stdout = String::from_utf8_lossy(&output.stdout);
         Ok(stdout.lines().last().unwrap_or_default().to_owned())
+    };
+    let python_row =
+        |case: &str, protocol: &str| python_output(bench_py(&python, case, protocol, &[]), case);
+    let mooncake_row = |case: &str| -> Result<Option<String>, String> {
+        let Some(mooncake) = &mooncake else {
+            return Ok(None);
+        };
+        let extra = [
+            "--module".to_owned(),
+            "mooncake".to_owned(),
+            format!("--chunk={MOONCAKE_DESCRIPTORS_PER_CALL}"),
+        ];
+        let mut command = bench_py(&mooncake.python, case, "tcp", &extra);
+        if let Some(path) = &mooncake.library_path {
+            command.env("LD_LIBRARY_PATH", path);
+        }
+        python_output(command, case).map(Some)
     };
     let number = crate::json_number;
     // Interleaved, so that a slow moment of the machine hits both sides alike; the latency
@@ -310,6 +393,29 @@ fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
             number(&python_run, "p50_numpy_us").ok_or("no Python p50 (numpy)")?,
         ]);
         raw.extend([rust_run, python_run]);
+    }
+    // Mooncake's module beside the drop-in: the same lists over TCP to the same kind of
+    // target, and the 128 x 64 KiB batches; each round alternates the two.
+    let mut mooncake_rounds: Vec<[f64; 4]> = Vec::new();
+    if mooncake.is_some() {
+        for _ in 0..ROUNDS {
+            let tern_descriptors = python_row("descriptors", "tcp")?;
+            let mooncake_descriptors = mooncake_row("descriptors")?.unwrap_or_default();
+            let tern_throughput = python_row("throughput", "tcp")?;
+            let mooncake_throughput = mooncake_row("throughput")?.unwrap_or_default();
+            mooncake_rounds.push([
+                number(&tern_descriptors, "p50_lists_us").ok_or("no drop-in p50 (tcp)")?,
+                number(&mooncake_descriptors, "p50_lists_us").ok_or("no Mooncake p50")?,
+                number(&tern_throughput, "gbps").ok_or("no drop-in GB/s")?,
+                number(&mooncake_throughput, "gbps").ok_or("no Mooncake GB/s")?,
+            ]);
+            raw.extend([
+                tern_descriptors,
+                mooncake_descriptors,
+                tern_throughput,
+                mooncake_throughput,
+            ]);
+        }
     }
     let python_idle = python_row("idle", "tcp")?;
 
@@ -361,6 +467,36 @@ fn bench_rows(exe: &Path, duration: f64) -> Result<(), String> {
         descriptor_column(2),
         if list_ns <= 50.0 { "met" } else { "MISSED" }
     );
+    if mooncake_rounds.is_empty() {
+        println!(
+            "(Mooncake's module beside the drop-in: `MOONCAKE_PY=<a python with mooncake.engine>`, or `cargo xtask bench --python-only --mooncake` to fetch its wheel)"
+        );
+    } else {
+        let column = |i: usize| median(&mooncake_rounds.iter().map(|r| r[i]).collect::<Vec<_>>());
+        let speedup = median(
+            &mooncake_rounds
+                .iter()
+                .map(|r| r[1] / r[0])
+                .collect::<Vec<_>>(),
+        );
+        println!(
+            "\nThe drop-in beside Mooncake's own module (`mooncake.engine`), same lists, both over TCP to a tern-bench target, median of {ROUNDS} alternating rounds:\n"
+        );
+        println!("| case | tern.mooncake | mooncake.engine | ratio | goal |");
+        println!("|---|---|---|---|---|");
+        println!(
+            "| 100 000 x 16 KiB contiguous write, p50 (Mooncake in calls of {MOONCAKE_DESCRIPTORS_PER_CALL}: it refuses larger batches) | {:.1} ms | {:.1} ms | {speedup:.1}x faster | >= 5x {} |",
+            column(0) / 1000.0,
+            column(1) / 1000.0,
+            if speedup >= 5.0 { "met" } else { "MISSED" }
+        );
+        println!(
+            "| 128 x 64 KiB write (`batch_transfer_sync_write`) | {:.2} GB/s | {:.2} GB/s | {:.2}x | |",
+            column(2),
+            column(3),
+            column(2) / column(3)
+        );
+    }
     println!(
         "\nCPU of the Python process: idle engine {:.2}% of a core over {:.0} s; a thread blocked in batch_transfer_sync_write to a stopped peer {:.2}% over {:.1} s (goal ~0)",
         number(&python_idle, "idle_cpu_pct").unwrap_or(f64::NAN),
