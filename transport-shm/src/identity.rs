@@ -13,7 +13,7 @@ pub const VERSION: u64 = 2;
 pub struct HostIdentity {
     /// `/proc/sys/kernel/random/boot_id`: one per boot of one kernel.
     pub boot_id: String,
-    /// `/proc/self/ns/net` as its link reads (`net:[4026531840]`): the network namespace,
+    /// `/proc/self/ns/net` as `readlink` gives it (`net:[4026531840]`): the network namespace,
     /// which is also where an abstract Unix socket lives.
     pub netns: String,
     /// The host name (of the UTS namespace).
