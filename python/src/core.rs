@@ -156,6 +156,15 @@ impl Core {
         self.timeout.map_or(FOREVER, |t| t + Duration::from_secs(1))
     }
 
+    /// Takes the notifications received so far, oldest first, as `(name, message)` pairs.
+    pub(crate) fn take_notifies(&self) -> Vec<(String, String)> {
+        self.engine
+            .get_notifies()
+            .into_iter()
+            .map(|n| (n.name, n.notify_msg))
+            .collect()
+    }
+
     /// Submits requests to the segment `target` (their `target` is set here, once it is
     /// open) and waits for all of them. On failure the segment is closed, so the next call
     /// opens it afresh (a handshake in P2P mode). A submission that failed only because

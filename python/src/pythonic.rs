@@ -6,9 +6,10 @@
 use std::io::ErrorKind;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tern_engine::{
@@ -20,10 +21,6 @@ use crate::core::{Core, EngineOptions, Failure, first_failure};
 use crate::descriptors;
 use crate::errors::{self, engine_error, invalid, log_failure};
 use crate::raw::HeldRegions;
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 struct Open {
     held: HeldRegions,
@@ -56,7 +53,8 @@ fn seconds(value: Option<f64>, what: &str) -> Result<Option<Duration>, String> {
 
 impl Engine {
     fn open(&self, py: Python<'_>) -> PyResult<Arc<Open>> {
-        lock(&self.open)
+        self.open
+            .lock()
             .clone()
             .ok_or_else(|| invalid(py, "the engine is closed"))
     }
@@ -355,14 +353,7 @@ impl Engine {
 
     /// Takes the notifications received so far, oldest first.
     fn notifications(&self, py: Python<'_>) -> PyResult<Vec<(String, String)>> {
-        Ok(self
-            .open(py)?
-            .core
-            .engine
-            .get_notifies()
-            .into_iter()
-            .map(|n| (n.name, n.notify_msg))
-            .collect())
+        Ok(self.open(py)?.core.take_notifies())
     }
 
     /// Raises unless the segment's node answers a probe.
@@ -386,7 +377,7 @@ impl Engine {
     /// Stops the engine: held regions are unregistered and their objects released, then the
     /// listeners and workers stop and the metadata is withdrawn. Idempotent.
     fn close(&self, py: Python<'_>) {
-        let Some(open) = lock(&self.open).take() else {
+        let Some(open) = self.open.lock().take() else {
             return;
         };
         let (released, leaked) = py.detach(|| {
@@ -409,7 +400,7 @@ impl Engine {
     /// Whether `close` has run.
     #[getter]
     fn closed(&self) -> bool {
-        lock(&self.open).is_none()
+        self.open.lock().is_none()
     }
 }
 
@@ -478,7 +469,7 @@ fn state_name(status: &TransferStatus) -> &'static str {
 impl PyBatch {
     /// After a failure, forgets the segments involved, so their next use fetches them again.
     fn drop_segments(&self) {
-        let mut retired = lock(&self.retired);
+        let mut retired = self.retired.lock();
         if !*retired {
             *retired = true;
             for segment in &self.segments {

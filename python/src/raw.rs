@@ -29,17 +29,13 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::{Mutex, MutexGuard};
 
+use parking_lot::Mutex;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use tern_engine::{EngineError, OwnedBuffer, RegionPin, RegisterRaw, TransferEngine};
 
 use crate::core::unregister_settled;
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Regions registered from Python objects, each with the object that keeps its memory.
 #[derive(Debug, Default)]
@@ -68,7 +64,7 @@ impl HeldRegions {
         }
         // Held across the registration, so that no unregister of this address can slip in
         // between the engine's registration and the keep-alive's arrival here.
-        let mut held = lock(&self.held);
+        let mut held = self.held.lock();
         // SAFETY: `Region::from_raw` needs the range valid for reads and writes until the
         // region is unregistered. The range is the memory of a writable, C-contiguous export
         // (`bf_getbuffer`, held by the ctypes array made with `from_buffer`): CPython's buffer
@@ -99,7 +95,7 @@ impl HeldRegions {
         engine: &TransferEngine,
         addr: usize,
     ) -> Result<Option<Py<PyAny>>, EngineError> {
-        let mut held = lock(&self.held);
+        let mut held = self.held.lock();
         unregister_settled(engine, &[addr])?;
         Ok(held.remove(&addr))
     }
@@ -108,7 +104,7 @@ impl HeldRegions {
     /// that may go. A region still in use by a transfer that was cancelled keeps its
     /// keep-alive for the rest of the process: leaking it is the only sound choice.
     pub(crate) fn close(&self, engine: &TransferEngine) -> (Vec<Py<PyAny>>, usize) {
-        let mut held = lock(&self.held);
+        let mut held = self.held.lock();
         let addrs: Vec<usize> = held.keys().copied().collect();
         let mut released = Vec::new();
         let mut leaked = 0;
@@ -173,13 +169,13 @@ impl LocalMemory {
     ) -> Result<usize, EngineError> {
         let buffer = engine.allocate(len, "*")?;
         let addr = buffer.addr();
-        lock(&self.managed).insert(addr, buffer);
+        self.managed.lock().insert(addr, buffer);
         Ok(addr)
     }
 
     /// Frees a managed buffer (transfers and copies still using it keep it until they end).
     pub(crate) fn free(&self, addr: usize, len: usize) -> Result<(), EngineError> {
-        let mut managed = lock(&self.managed);
+        let mut managed = self.managed.lock();
         let Some(buffer) = managed.get(&addr) else {
             return Err(EngineError::InvalidArgument(format!(
                 "{addr:#x} is not a managed buffer"

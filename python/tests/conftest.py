@@ -206,7 +206,7 @@ def bench_target():
 
 
 def expected_byte(offsets: np.ndarray) -> np.ndarray:
-    """tern-bench's pattern at byte offsets (``expected_byte`` in bench/src/main.rs)."""
+    """tern-bench's pattern at byte offsets (``expected_byte`` in bench/src/workload.rs)."""
     offsets = offsets.astype(np.uint64)
     x = (offsets // np.uint64(8)) * np.uint64(0x9E3779B97F4A7C15) ^ (offsets % np.uint64(8))
     return ((x >> np.uint64(56)).astype(np.uint8)) ^ (offsets.astype(np.uint8))
