@@ -35,7 +35,7 @@ use tern_engine::{
 };
 use tern_metadata::auth::ClusterSecret;
 
-pub use server::{Served, serve_request};
+pub use server::{RequestOutcome, serve_request};
 
 /// Gives `socket` send and receive buffers of `bytes` each, when asked to.
 fn size_buffers(socket: socket2::SockRef<'_>, bytes: Option<usize>) -> std::io::Result<()> {

@@ -17,7 +17,7 @@ use tern_engine::ServedStats;
 use tern_memreg::{MemoryRegistry, RegionIo, RegionSlice, Stage, recv_now};
 use tern_metadata::auth::{self, Channel, ClusterSecret, Identity};
 use tern_metadata::net::{
-    Acceptor, DeadlineRead, Replayed, ServeLimits, Served as Connection, bind_listener, is_tick,
+    Acceptor, DeadlineRead, Replayed, ServeLimits, Served, bind_listener, is_tick,
 };
 
 use crate::TcpConfig;
@@ -42,7 +42,7 @@ const MIN_BODY_RATE: u64 = 1 << 20;
 #[derive(Debug)]
 pub(crate) struct Server {
     acceptor: Acceptor,
-    counts: Arc<ServedCounts>,
+    counts: Arc<OutcomeCounts>,
 }
 
 impl Server {
@@ -71,19 +71,19 @@ impl Server {
             write_timeout: config.io_timeout,
         };
         let (io_timeout, proto_version) = (config.io_timeout, config.proto_version);
-        let counts = Arc::new(ServedCounts::default());
-        let served = counts.clone();
-        let serve = move |connection: Connection| {
-            let peer = connection.peer.clone();
-            let stopping = connection.stop_flag();
+        let counts = Arc::new(OutcomeCounts::default());
+        let tallies = counts.clone();
+        let serve = move |served: Served| {
+            let peer = served.peer.clone();
+            let stopping = served.stop_flag();
             let outcome = serve(
-                connection,
+                served,
                 &registry,
                 io_timeout,
                 proto_version,
                 secret.as_ref(),
                 &identity,
-                &served,
+                &tallies,
             );
             if let Err(reason) = outcome
                 && !stopping.load(Ordering::Acquire)
@@ -106,13 +106,13 @@ impl Server {
 
 /// Serves one connection until the peer closes it (`Ok`) or misbehaves (`Err(reason)`).
 fn serve(
-    mut served: Connection,
+    mut served: Served,
     registry: &MemoryRegistry,
     io_timeout: Duration,
     proto_version: u8,
     secret: Option<&ClusterSecret>,
     me: &Identity,
-    counts: &ServedCounts,
+    counts: &OutcomeCounts,
 ) -> Result<(), String> {
     if let Some(secret) = secret {
         // The exchange is one frame: bounded from the first byte by the frame deadline.
@@ -192,15 +192,15 @@ fn serve(
                 .map_err(|e| format!("{e} sending status frames"))?;
         }
         match outcome {
-            Served::Read(bytes) => {
+            RequestOutcome::Read(bytes) => {
                 counts.reads.fetch_add(1, Ordering::Relaxed);
                 counts.read_bytes.fetch_add(bytes, Ordering::Relaxed);
             }
-            Served::Wrote(bytes) => {
+            RequestOutcome::Wrote(bytes) => {
                 counts.writes.fetch_add(1, Ordering::Relaxed);
                 counts.write_bytes.fetch_add(bytes, Ordering::Relaxed);
             }
-            Served::Rejected => {
+            RequestOutcome::Rejected => {
                 counts.rejected.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -252,7 +252,7 @@ fn keep_holding(conn: &mut Deadlined<'_>) -> bool {
 /// What the server's connections served, summed over all of them (each request costs a
 /// syscall or more; two relaxed adds beside that are nothing).
 #[derive(Debug, Default)]
-pub(crate) struct ServedCounts {
+pub(crate) struct OutcomeCounts {
     reads: AtomicU64,
     read_bytes: AtomicU64,
     writes: AtomicU64,
@@ -260,7 +260,7 @@ pub(crate) struct ServedCounts {
     rejected: AtomicU64,
 }
 
-impl ServedCounts {
+impl OutcomeCounts {
     pub(crate) fn stats(&self) -> ServedStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ServedStats {
@@ -358,7 +358,7 @@ impl Staging {
 
 /// What [`serve_request`] did with a request the connection survives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Served {
+pub enum RequestOutcome {
     /// Sent this many bytes of registered memory.
     Read(u64),
     /// Took this many bytes into registered memory.
@@ -378,7 +378,7 @@ pub fn serve_request<C: RegionIo + Read + Write>(
     header: &Header,
     registry: &MemoryRegistry,
     stage: &mut Stage,
-) -> Result<Served, String> {
+) -> Result<RequestOutcome, String> {
     let op = header.operation();
     if op != OP_READ && op != OP_WRITE {
         if header.size.to_le_bytes() == auth::MAGIC {
@@ -407,12 +407,12 @@ pub fn serve_request<C: RegionIo + Read + Write>(
             stage
                 .write_prefixed_to(&pin, &ok[..status_len], addr, size, conn)
                 .map_err(io)?;
-            Ok(Served::Read(header.size))
+            Ok(RequestOutcome::Read(header.size))
         }
         (_, Ok((pin, addr, size))) => {
             stage.read_exact_from(&pin, addr, size, conn).map_err(io)?;
             conn.write_all(&ok[..status_len]).map_err(io)?;
-            Ok(Served::Wrote(header.size))
+            Ok(RequestOutcome::Wrote(header.size))
         }
         (_, Err(reason)) if !header.is_v2() => Err(format!(
             "v1 request rejected ({reason}); v1 cannot signal it"
@@ -425,7 +425,7 @@ pub fn serve_request<C: RegionIo + Read + Write>(
             );
             conn.write_all(&Status::AddressRejected.encode_padded()[..status_len])
                 .map_err(io)?;
-            Ok(Served::Rejected)
+            Ok(RequestOutcome::Rejected)
         }
         (_, Err(reason)) => {
             if header.size > MAX_DRAIN {
@@ -445,7 +445,7 @@ pub fn serve_request<C: RegionIo + Read + Write>(
             }
             conn.write_all(&Status::AddressRejected.encode_padded()[..status_len])
                 .map_err(io)?;
-            Ok(Served::Rejected)
+            Ok(RequestOutcome::Rejected)
         }
     }
 }
