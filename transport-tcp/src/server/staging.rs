@@ -14,6 +14,7 @@ use crate::wire::HEADER_LEN;
 const STAGING: usize = 4096;
 
 /// Bytes read off a connection ahead of the request that needs them.
+// Why not `rpc::read_frame`: pipelined headers sized by opcode, read ahead; bodies go to memory.
 pub(super) struct Staging {
     buf: Box<[u8; STAGING]>,
     start: usize,
