@@ -3,8 +3,8 @@
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::Mutex;
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -168,7 +168,7 @@ fn handle_request(
         }
         _ => None,
     };
-    let mut table = table.lock().unwrap_or_else(|p| p.into_inner());
+    let mut table = table.lock();
     if let Some(order) = order
         && let Err(e) = table.admit(&method, &key, &body, order)
     {

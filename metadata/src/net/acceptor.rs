@@ -3,12 +3,14 @@
 
 use std::io;
 use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::slots::{Conn, Opening, Phase, Table, also, lock};
+use parking_lot::{Condvar, Mutex};
+
+use super::slots::{Conn, Opening, Phase, Table, also};
 use super::{Listen, ServeLimits, ServeStream, Served};
 
 /// One accept loop for every listener: the connection limits of [`ServeLimits`] (a budget
@@ -125,7 +127,7 @@ fn accept_loop<L: Listen>(
         let id = next_id;
         let deadline = Instant::now() + limits.exchange_timeout;
         {
-            let mut slots = lock(&table.slots);
+            let mut slots = table.slots.lock();
             if slots.opening >= limits.max_opening.max(1)
                 && let Some(oldest) = slots.conns.iter().position(|c| c.phase == Phase::Opening)
             {
@@ -168,20 +170,20 @@ fn accept_loop<L: Listen>(
             .name(conn_name.to_owned())
             .spawn(move || {
                 handler(served);
-                lock(&table_here.slots).remove(id);
+                table_here.slots.lock().remove(id);
                 table_here.changed.notify_all();
             });
         match spawned {
             Ok(thread) => threads.push(thread),
             Err(e) => {
                 tracing::warn!("{conn_name}: cannot start a thread: {e}");
-                lock(&table.slots).remove(id);
+                table.slots.lock().remove(id);
             }
         }
     }
     // Stopping: cut every connection and wait for its thread, so that no peer is served once
     // the listener is gone.
-    for conn in lock(&table.slots).conns.iter() {
+    for conn in table.slots.lock().conns.iter() {
         (conn.cut)();
     }
     table.changed.notify_all();
@@ -193,7 +195,7 @@ fn accept_loop<L: Listen>(
 /// Closes every connection still opening past its deadline, as the deadlines come, until
 /// the listener stops.
 fn reap(table: &Table) {
-    let mut slots = lock(&table.slots);
+    let mut slots = table.slots.lock();
     loop {
         if table.stop.load(Ordering::Acquire) {
             return;
@@ -225,11 +227,7 @@ fn reap(table: &Table) {
             table.changed.notify_all();
         }
         let wait = next.map_or(Duration::from_secs(1), |n| n.saturating_duration_since(now));
-        slots = table
-            .changed
-            .wait_timeout(slots, wait)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
+        table.changed.wait_for(&mut slots, wait);
     }
 }
 
@@ -237,7 +235,7 @@ impl<L: Listen> Drop for Acceptor<L> {
     fn drop(&mut self) {
         self.table.stop.store(true, Ordering::Release);
         // Under the lock, so that the reaper is either waiting (and woken) or sees the flag.
-        drop(lock(&self.table.slots));
+        drop(self.table.slots.lock());
         self.table.changed.notify_all();
         if let Some(thread) = self.thread.take() {
             L::wake(&self.local);

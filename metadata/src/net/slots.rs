@@ -1,9 +1,11 @@
 //! A listener's table of connections: which are opening and which are open, the limits on
 //! each, and the log lines held back when many are closed at once.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
 
 use super::ServeLimits;
 
@@ -141,7 +143,7 @@ impl Opening {
         let table = &*self.table;
         let max = table.limits.max_connections;
         let until = (Instant::now() + FINISHING_GRACE).min(self.deadline);
-        let mut slots = lock(&table.slots);
+        let mut slots = table.slots.lock();
         loop {
             let Some(at) = slots
                 .position(self.id)
@@ -170,11 +172,7 @@ impl Opening {
                 table.changed.notify_all();
                 return false;
             }
-            slots = table
-                .changed
-                .wait_timeout(slots, until - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            table.changed.wait_for(&mut slots, until - now);
         }
     }
 }
@@ -186,8 +184,4 @@ pub(super) fn also(held: u64) -> String {
     } else {
         format!(" ({held} more like it since the last line)")
     }
-}
-
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }

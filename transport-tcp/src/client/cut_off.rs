@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::net::{Shutdown, TcpStream};
 
-use super::pool::{PoolShared, lock};
+use super::pool::PoolShared;
 use super::window::Window;
 
 impl Window {
@@ -35,7 +35,7 @@ impl Window {
             return true;
         }
         let _ = stream.shutdown(Shutdown::Both);
-        if let Some(open) = lock(&shared.open).get_mut(lane) {
+        if let Some(open) = shared.open.lock().get_mut(lane) {
             *open = None;
         }
         self.settle();

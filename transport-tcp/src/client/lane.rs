@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use tern_engine::{Slice, TransferError};
 
-use super::pool::{PoolShared, lock};
+use super::pool::PoolShared;
 use super::window::Window;
 
 /// A connection unused for longer than this is checked before reuse: the server may have
@@ -43,7 +43,7 @@ pub(super) fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Sl
             Some(stream) => stream,
             None => match shared.connect() {
                 Ok(stream) => {
-                    lock(&shared.open)[lane] = stream.try_clone().ok();
+                    shared.open.lock()[lane] = stream.try_clone().ok();
                     if shared.stop.load(Ordering::Acquire) {
                         let _ = stream.shutdown(Shutdown::Both);
                     }

@@ -1,12 +1,13 @@
 //! A peer's pool: its lanes, the queue that feeds them, its connections and its stats.
 
 use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
 use tern_engine::{MovedCounter, PeerState, PeerStats, Slice, TransferError};
 use tern_metadata::auth::{Channel, ClusterSecret};
 use tern_metadata::net::{Dial, DialAuth, dial};
@@ -56,10 +57,6 @@ pub(super) struct PoolShared {
     pub(super) cut: AtomicU64,
 }
 
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Pool {
     pub(crate) fn start(
         endpoint: String,
@@ -104,7 +101,7 @@ impl Pool {
     /// Queues slices for the lanes: the lock once for all of them, one channel send each (so
     /// that whichever lane is free takes the next).
     pub(crate) fn push_all(&self, slices: impl IntoIterator<Item = Slice>) {
-        let sender = self.sender.lock().unwrap_or_else(|p| p.into_inner());
+        let sender = self.sender.lock();
         for slice in slices {
             match sender.as_ref() {
                 Some(sender) => {
@@ -142,8 +139,8 @@ impl Pool {
 
     /// How this peer stands: open connections, and the last failure.
     pub(crate) fn peer_stats(&self) -> PeerStats {
-        let endpoints = lock(&self.shared.open).iter().flatten().count();
-        let last_error = lock(&self.shared.last_error).clone();
+        let endpoints = self.shared.open.lock().iter().flatten().count();
+        let last_error = self.shared.last_error.lock().clone();
         let moved = &self.shared.moved;
         PeerStats {
             peer: self.shared.endpoint.clone(),
@@ -158,11 +155,11 @@ impl Pool {
     /// Stops taking slices, cuts connections in use, fails what is queued (the stop flag is
     /// set) and waits for the lanes, so no lane touches local memory once this returns.
     pub(crate) fn close(&self) {
-        lock(&self.sender).take();
-        for stream in lock(&self.shared.open).iter().flatten() {
+        self.sender.lock().take();
+        for stream in self.shared.open.lock().iter().flatten() {
             let _ = stream.shutdown(Shutdown::Both);
         }
-        for lane in lock(&self.lanes).drain(..) {
+        for lane in self.lanes.lock().drain(..) {
             let _ = lane.join();
         }
     }
@@ -175,18 +172,18 @@ fn config_lanes(config: &TcpConfig) -> usize {
 impl PoolShared {
     pub(super) fn connect(&self) -> Result<TcpStream, String> {
         {
-            let last = lock(&self.last_connect_failure);
+            let last = self.last_connect_failure.lock();
             if let Some((at, message)) = last.as_ref().filter(|(at, _)| at.elapsed() < FAST_FAIL) {
                 return Err(format!("{message} ({} ms ago)", at.elapsed().as_millis()));
             }
         }
         let result = self.try_connect();
-        let mut last = lock(&self.last_connect_failure);
+        let mut last = self.last_connect_failure.lock();
         match &result {
             Ok(_) => *last = None,
             Err(message) => {
                 *last = Some((Instant::now(), message.clone()));
-                *lock(&self.last_error) = Some(message.clone());
+                *self.last_error.lock() = Some(message.clone());
             }
         }
         result

@@ -12,7 +12,7 @@ use tern_engine::{Opcode, Slice, TransferError};
 use tern_memreg::{Stage, wait_ready};
 
 use super::marks::ShortCalls;
-use super::pool::{PoolShared, lock};
+use super::pool::PoolShared;
 use super::receive::Awaiting;
 use super::send::Sending;
 
@@ -237,10 +237,10 @@ impl Window {
     /// Fails everything in the window after the connection broke. The lane's connection
     /// leaves the stats first, so whoever sees a failed slice also sees the peer's loss.
     fn broken(&mut self, shared: &PoolShared, lane: usize, message: String) -> bool {
-        if let Some(open) = lock(&shared.open).get_mut(lane) {
+        if let Some(open) = shared.open.lock().get_mut(lane) {
             *open = None;
         }
-        *lock(&shared.last_error) = Some(message.clone());
+        *shared.last_error.lock() = Some(message.clone());
         self.fail_all(|| TransferError::Connection {
             peer: shared.endpoint.clone(),
             message: message.clone(),
