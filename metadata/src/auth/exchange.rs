@@ -1,12 +1,12 @@
 //! Both sides of one exchange, without I/O: the Hello, the Challenge and the Proof made
 //! and checked against what each side believes the connection joins.
 
-use super::frame::cut;
 use super::secret::Transcript;
 use super::{
     AuthError, AuthFrame, Channel, Claims, ClusterSecret, FrameKind, MAX_CLAIM_LEN, NONCE_LEN,
     decode_frame,
 };
+use crate::text::truncate_at_char_boundary;
 
 const SERVER_LABEL: &[u8] = b"tern-auth server";
 const CLIENT_LABEL: &[u8] = b"tern-auth client";
@@ -147,7 +147,7 @@ impl ServerExchange {
         else {
             return Err(AuthError::NotAuthFrame);
         };
-        let here = cut(&me.segment, MAX_CLAIM_LEN);
+        let here = truncate_at_char_boundary(&me.segment, MAX_CLAIM_LEN);
         if !claims.server_segment.is_empty() && claims.server_segment != here {
             return Err(AuthError::NotThisSegment {
                 wanted: claims.server_segment,

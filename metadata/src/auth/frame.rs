@@ -2,6 +2,7 @@
 //! they carry, their bytes, and [`decode_frame`], total over all inputs.
 
 use super::AuthError;
+use crate::text::truncate_at_char_boundary;
 
 /// First 8 bytes of every frame.
 pub const MAGIC: [u8; 8] = *b"TERNAUTH";
@@ -181,16 +182,7 @@ fn claim_strings(claims: &Claims) -> [&str; 3] {
         &claims.server_segment,
         &claims.dialed,
     ]
-    .map(|text| cut(text, MAX_CLAIM_LEN))
-}
-
-/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
-pub(super) fn cut(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
+    .map(|text| truncate_at_char_boundary(text, MAX_CLAIM_LEN))
 }
 
 /// The whole length of the Hello whose first bytes are `bytes`, once its string lengths have

@@ -5,8 +5,8 @@ use std::path::Path;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use super::frame::cut;
 use super::{AuthError, Channel, MAC_LEN, MAX_CLAIM_LEN, NONCE_LEN, VERSION};
+use crate::text::truncate_at_char_boundary;
 
 /// Environment variable holding the cluster secret itself (its bytes, as given).
 pub const CLUSTER_SECRET_ENV: &str = "TERN_CLUSTER_SECRET";
@@ -80,7 +80,7 @@ impl ClusterSecret {
             transcript.server_endpoint,
         ] {
             // Length-prefixed, so that no two transcripts run together into the same bytes.
-            let text = cut(text, MAX_CLAIM_LEN);
+            let text = truncate_at_char_boundary(text, MAX_CLAIM_LEN);
             mac.update(&[text.len() as u8]);
             mac.update(text.as_bytes());
         }
