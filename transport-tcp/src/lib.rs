@@ -62,7 +62,7 @@ pub const PROTO_ENV: &str = "MC_TCP_PROTO";
 pub const LANES_ENV: &str = "MC_TCP_LANES_PER_PEER";
 
 /// One lane per core, at least 2 and at most 8: each lane is a thread that keeps one
-/// connection busy, and more lanes than cores only adds switching (measured on loopback).
+/// connection busy, and more lanes than cores only adds switching.
 fn default_lanes() -> usize {
     std::thread::available_parallelism()
         .map_or(2, |n| n.get())

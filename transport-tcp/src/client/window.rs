@@ -20,15 +20,12 @@ use super::send::Sending;
 pub(super) const PIPELINE_SLICES: usize = 32;
 /// Most bytes one lane has on its connection at once (but two requests, whatever their
 /// size): bytes in flight wait in the socket buffers, and beyond what keeps the connection
-/// busy they only fall out of cache — on loopback 1 MiB reads moved 8.4 GB/s with 2 MiB in
-/// flight against 6.1 with 8 MiB (alternating A/B runs).
+/// busy they only fall out of cache. Tuned by alternating runs; the README says how.
 const PIPELINE_BYTES: usize = 2 << 20;
 /// Most bytes of writes one lane has on its connection at once (but two writes, whatever
 /// their size). A write's bytes wait in the two socket buffers on their way, and fewer of
-/// them in flight keeps them in cache: on loopback, 64 KiB writes moved 4.9 GB/s with 8 in
-/// flight against 4.1 with 32, and 1 MiB writes 7.8 with 2 against 6.9 with 8 (alternating
-/// A/B runs). Reads keep the deeper pipeline: their headers go out together, and they lost
-/// 10 % at 8.
+/// them in flight keeps them in cache. Reads keep the deeper pipeline: their headers go out
+/// together, and a shallower one cost them.
 const WRITE_PIPELINE_BYTES: usize = 512 << 10;
 
 /// Longest a lane waits in poll(2) before it looks whether it was asked to cut off slices of
