@@ -18,7 +18,9 @@ use std::io::{self, Read, Write};
 use std::sync::OnceLock;
 
 use tern_memreg::{AlignedBuffer, MemoryRegistry, Region, Staged};
-use tern_transport_tcp::{HEADER_LEN, Header, OP_READ, OP_WRITE, Served, Status, serve_request};
+use tern_transport_tcp::{
+    HEADER_LEN, Header, OP_READ, OP_WRITE, RequestOutcome, Status, serve_request,
+};
 
 struct Fixture {
     registry: MemoryRegistry,
@@ -120,7 +122,7 @@ tern_fuzz::target!(|data| {
         let admitted = (op == OP_READ || op == OP_WRITE) && inside(fx.open, addr, size);
         let body = conn.inner.input.get(..size).map(<[u8]>::to_vec);
         let (sent_before, left_before) = (conn.inner.output.len(), conn.inner.input.len());
-        let served = serve_request(
+        let outcome = serve_request(
             &mut conn,
             &header,
             &fx.registry,
@@ -130,36 +132,36 @@ tern_fuzz::target!(|data| {
         let status = |s: Status| s.encode_padded()[..header.status_len()].to_vec();
         match (admitted, op) {
             (true, OP_READ) => {
-                let served = served.expect("an admitted read is served");
-                assert_eq!(served, Served::Read(header.size));
+                let outcome = outcome.expect("an admitted read is served");
+                assert_eq!(outcome, RequestOutcome::Read(header.size));
                 let mut expected = status(Status::Ok);
                 expected.extend(bytes_at(addr, size));
                 assert_eq!(sent, &expected[..], "a read sends the status and the bytes");
             }
             (true, _) => {
                 let Some(body) = body else {
-                    assert!(served.is_err(), "a short body must fail");
+                    assert!(outcome.is_err(), "a short body must fail");
                     break;
                 };
-                let served = served.expect("an admitted write with its whole body is served");
-                assert_eq!(served, Served::Wrote(header.size));
+                let outcome = outcome.expect("an admitted write with its whole body is served");
+                assert_eq!(outcome, RequestOutcome::Wrote(header.size));
                 assert_eq!(bytes_at(addr, size), body, "the write landed");
                 assert_eq!(sent, &status(Status::Ok)[..]);
             }
             (false, OP_READ | OP_WRITE) if header.is_v2() => {
                 if op == OP_WRITE && (body.is_none() || header.size > 256 << 20) {
-                    assert!(served.is_err(), "an undrainable rejected write closes");
+                    assert!(outcome.is_err(), "an undrainable rejected write closes");
                     break;
                 }
-                let served = served.expect("a rejected v2 request keeps the connection");
-                assert_eq!(served, Served::Rejected);
+                let outcome = outcome.expect("a rejected v2 request keeps the connection");
+                assert_eq!(outcome, RequestOutcome::Rejected);
                 assert_eq!(sent, &status(Status::AddressRejected)[..]);
                 let drained = left_before - conn.inner.input.len();
                 assert_eq!(drained, if op == OP_WRITE { size } else { 0 });
             }
             _ => {
                 // v1 cannot say no, and unknown opcodes are not Mooncake: the server closes.
-                assert!(served.is_err(), "{header:?} was served");
+                assert!(outcome.is_err(), "{header:?} was served");
                 break;
             }
         }

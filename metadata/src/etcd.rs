@@ -14,14 +14,15 @@
 //! `host:port` (or `etcd://host:port`): TLS follows from the CA, not from the scheme.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, PutOptions, TlsOptions,
     WatchOptions,
 };
+use parking_lot::Mutex;
 use tokio::runtime::Runtime;
 use tokio::sync::Notify;
 
@@ -193,10 +194,6 @@ impl std::fmt::Debug for EtcdKv {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl EtcdStore {
     /// Connects, grants the lease and starts the keep-alive and watch tasks. Fails with an
     /// error naming the endpoints when etcd cannot be reached (after retrying for
@@ -291,7 +288,10 @@ impl EtcdKv {
     }
 
     fn publish(&self, key: String, value: String) {
-        lock(&self.shared.published).insert(key.clone(), value.clone());
+        self.shared
+            .published
+            .lock()
+            .insert(key.clone(), value.clone());
         let shared = self.shared.clone();
         let outcome = self.block_on(async move { put_leased(&shared, &key, &value).await });
         if let Some(Err(e)) = outcome {
@@ -304,7 +304,7 @@ impl EtcdKv {
     }
 
     fn withdraw(&self, key: &str) -> Result<(), MetadataError> {
-        lock(&self.shared.published).remove(key);
+        self.shared.published.lock().remove(key);
         let mut client = self.shared.client.clone();
         let timeout = self.shared.config.timeout;
         let key = key.to_owned();
@@ -376,7 +376,9 @@ async fn put_leased(shared: &Shared, key: &str, value: &str) -> Result<(), Strin
 
 /// Re-puts every published key under the current lease.
 async fn republish(shared: &Shared) -> Result<(), String> {
-    let entries: Vec<(String, String)> = lock(&shared.published)
+    let entries: Vec<(String, String)> = shared
+        .published
+        .lock()
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
@@ -530,7 +532,7 @@ async fn restore_if_overwritten(shared: &Shared, key: &str, value: &[u8]) {
     let Some(sealer) = shared.codec.sealer.as_ref() else {
         return;
     };
-    let ours = || lock(&shared.published).get(key).cloned();
+    let ours = || shared.published.lock().get(key).cloned();
     let Some(mine) = ours() else { return };
     if mine.as_bytes() == value || sealer.outranks(key, value, mine.as_bytes()) {
         return;
@@ -562,7 +564,7 @@ async fn restore_if_overwritten(shared: &Shared, key: &str, value: &[u8]) {
 }
 
 fn emit(shared: &Shared, event: MetadataEvent) {
-    let listeners: Vec<MetadataListener> = lock(&shared.listeners).clone();
+    let listeners: Vec<MetadataListener> = shared.listeners.lock().clone();
     for listener in listeners {
         listener(event.clone());
     }
@@ -587,7 +589,7 @@ impl KeyValue for EtcdKv {
     }
 
     fn subscribe(&self, listener: MetadataListener) {
-        lock(&self.shared.listeners).push(listener);
+        self.shared.listeners.lock().push(listener);
     }
 
     fn shutdown(&self) {
@@ -595,8 +597,8 @@ impl KeyValue for EtcdKv {
             return;
         }
         self.shared.stop.notify_waiters();
-        lock(&self.shared.listeners).clear();
-        let keys: Vec<String> = lock(&self.shared.published).keys().cloned().collect();
+        self.shared.listeners.lock().clear();
+        let keys: Vec<String> = self.shared.published.lock().keys().cloned().collect();
         for key in keys {
             if let Err(e) = self.withdraw(&key) {
                 tracing::warn!("etcd: withdrawing {key}: {e}");

@@ -123,6 +123,7 @@ pub fn write_frame(w: &mut impl Write, ty: RpcType, body: &[u8]) -> io::Result<(
 }
 
 /// Reads one frame of at most `max` bytes.
+// Why not TCP's `Staging`: one frame a connection, its length prefix covering a body kept whole.
 pub fn read_frame(r: &mut impl Read, max: usize) -> Result<(RpcType, Vec<u8>), FrameError> {
     let mut len = [0u8; 8];
     r.read_exact(&mut len)?;

@@ -44,9 +44,9 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use parking_lot::Mutex;
 use serde_json::Value;
 
 use crate::auth::ClusterSecret;
@@ -396,10 +396,6 @@ pub struct Sealer {
     read: Mutex<Remembered>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Sealer {
     /// A sealer with a new incarnation, started now.
     pub fn new(secret: ClusterSecret) -> Self {
@@ -421,12 +417,12 @@ impl Sealer {
 
     /// The incarnation it seals as.
     pub fn incarnation(&self) -> Incarnation {
-        lock(&self.writing).incarnation
+        self.writing.lock().incarnation
     }
 
     /// `json` sealed for `key` with the next order of this incarnation.
     pub fn seal(&self, key: &str, json: &str) -> Result<String, SealError> {
-        let mut writing = lock(&self.writing);
+        let mut writing = self.writing.lock();
         writing.counter += 1;
         let order = Order {
             incarnation: writing.incarnation,
@@ -441,7 +437,7 @@ impl Sealer {
     /// of `key` this sealer has admitted before. Returns its order, remembered as the newest.
     pub fn admit(&self, key: &str, value: &[u8]) -> Result<Order, SealError> {
         let offered = verify(&self.secret, key, value)?;
-        let mut read = lock(&self.read);
+        let mut read = self.read.lock();
         match read.get(key) {
             Some(held) => match offered.succession(&held) {
                 Succession::Newer => read.set(key, offered),
@@ -469,13 +465,13 @@ impl Sealer {
 
     /// A token deleting the value this sealer last sealed for `key`; `None` if it sealed none.
     pub fn delete_token(&self, key: &str) -> Option<String> {
-        let order = lock(&self.writing).sealed.get(key)?;
+        let order = self.writing.lock().sealed.get(key)?;
         Some(delete_token(&self.secret, key, &order))
     }
 
     /// Forgets the value sealed for `key` (it was deleted: its token is spent).
     pub fn forget_sealed(&self, key: &str) {
-        lock(&self.writing).sealed.0.remove(key);
+        self.writing.lock().sealed.0.remove(key);
     }
 
     /// A token deleting `value`, found at `key` (a holder of the secret may delete any value

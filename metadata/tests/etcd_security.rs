@@ -325,7 +325,8 @@ fn sealed(endpoint: &str) -> Box<dyn MetadataStore> {
 
 #[test]
 fn a_node_holding_a_restarted_peers_descriptor_ignores_its_old_one_put_back_into_etcd() {
-    use std::sync::{Arc, Mutex};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
     use tern_metadata::MetadataEvent;
     let (endpoint, _etcd) = tern_testkit::etcd::shared();
     let name = unique("replayed-node");
@@ -341,18 +342,16 @@ fn a_node_holding_a_restarted_peers_descriptor_ignores_its_old_one_put_back_into
     let markers: Arc<Mutex<Vec<RpcMeta>>> = Arc::default();
     let (record, mark, watched) = (taken.clone(), markers.clone(), name.clone());
     watcher.subscribe(Arc::new(move |event| match event {
-        MetadataEvent::Segment { name, desc } if name == watched => {
-            record.lock().unwrap().push(desc)
-        }
+        MetadataEvent::Segment { name, desc } if name == watched => record.lock().push(desc),
         MetadataEvent::RpcMeta {
             server,
             meta: Some(meta),
-        } if server == watched => mark.lock().unwrap().push(meta),
+        } if server == watched => mark.lock().push(meta),
         _ => {}
     }));
     let seen = |desc: &Option<tern_metadata::SegmentDesc>| {
         tern_testkit::etcd::eventually(Duration::from_secs(20), || {
-            taken.lock().unwrap().last() == Some(desc)
+            taken.lock().last() == Some(desc)
         })
         .is_some()
     };
@@ -385,10 +384,10 @@ fn a_node_holding_a_restarted_peers_descriptor_ignores_its_old_one_put_back_into
     let marker = meta(15777);
     second.publish_rpc_meta(&name, &marker).unwrap();
     let marked = tern_testkit::etcd::eventually(Duration::from_secs(20), || {
-        markers.lock().unwrap().contains(&marker)
+        markers.lock().contains(&marker)
     });
     assert!(marked.is_some(), "the watcher never saw the marker");
-    let changes = taken.lock().unwrap().clone();
+    let changes = taken.lock().clone();
     assert_eq!(
         changes.last(),
         Some(&Some(new.clone())),

@@ -117,14 +117,14 @@ fn body_of(reply: &str) -> &str {
 /// eavesdropper on the path sees.
 struct Recorder {
     port: u16,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    seen: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl Recorder {
     fn start(server_port: u16) -> Self {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
         let record = seen.clone();
         std::thread::spawn(move || {
             for client in listener.incoming() {
@@ -149,7 +149,6 @@ impl Recorder {
                 request.extend_from_slice(&body);
                 record
                     .lock()
-                    .unwrap()
                     .push(String::from_utf8_lossy(&request).into_owned());
                 let mut server = TcpStream::connect(("127.0.0.1", server_port)).unwrap();
                 server.write_all(&request).unwrap();
@@ -164,7 +163,7 @@ impl Recorder {
     /// The header `name` of the last request that carried it.
     fn last_header(&self, name: &str) -> Option<String> {
         let prefix = format!("{name}: ");
-        self.seen.lock().unwrap().iter().rev().find_map(|request| {
+        self.seen.lock().iter().rev().find_map(|request| {
             request
                 .lines()
                 .find_map(|l| l.strip_prefix(&prefix).map(|v| v.trim().to_owned()))

@@ -9,9 +9,10 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
 use tern_metadata::auth::ClusterSecret;
 use tern_metadata::http::{HttpMetadataServer, HttpServerConfig, HttpStore};
 use tern_metadata::net::{PortChoice, ServeLimits};
@@ -145,17 +146,17 @@ impl Drop for OpensOnDrop {
 
 impl Gate {
     fn pass(&self) {
-        *self.waiting.lock().unwrap() += 1;
-        let open = self.open.lock().unwrap();
-        drop(self.changed.wait_while(open, |open| !*open).unwrap());
+        *self.waiting.lock() += 1;
+        let mut open = self.open.lock();
+        self.changed.wait_while(&mut open, |open| !*open);
     }
 
     fn waiting(&self) -> usize {
-        *self.waiting.lock().unwrap()
+        *self.waiting.lock()
     }
 
     fn open(&self) {
-        *self.open.lock().unwrap() = true;
+        *self.open.lock() = true;
         self.changed.notify_all();
     }
 }

@@ -6,9 +6,10 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tern_metadata::auth::{
     self, AuthError, AuthFrame, CHALLENGE_LEN, Channel, ClientExchange, ClusterSecret, FrameKind,
     ServerExchange,
@@ -30,7 +31,7 @@ fn server(secret: Option<&str>) -> (RpcServer, Calls) {
     let calls: Calls = Arc::default();
     let seen = calls.clone();
     let handler = move |ty: RpcType, body: &[u8]| {
-        seen.lock().unwrap().push((ty, body.to_vec()));
+        seen.lock().push((ty, body.to_vec()));
         Ok(match ty {
             RpcType::Metadata => b"{\"name\":\"the descriptor\"}".to_vec(),
             _ => b"{\"status\":\"success\"}".to_vec(),
@@ -87,7 +88,7 @@ fn clients_with_the_secret_are_served() {
     rpc::call(&endpoint, RpcType::Probe, b"{}", &config).unwrap();
     let notify = br#"{"name":"n","notify_msg":"hi"}"#;
     rpc::call(&endpoint, RpcType::Notify, notify, &config).unwrap();
-    let calls = calls.lock().unwrap();
+    let calls = calls.lock();
     assert_eq!(
         calls.iter().map(|(ty, _)| *ty).collect::<Vec<_>>(),
         [RpcType::Metadata, RpcType::Probe, RpcType::Notify]
@@ -138,10 +139,7 @@ fn plain_and_wrong_secret_clients_are_refused_before_the_handler() {
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains("before proving"), "{}", lines[0]);
 
-    assert!(
-        calls.lock().unwrap().is_empty(),
-        "the handler saw a request"
-    );
+    assert!(calls.lock().is_empty(), "the handler saw a request");
 }
 
 #[test]
@@ -166,7 +164,7 @@ fn replayed_reflected_and_truncated_frames_are_refused() {
         (RpcType::Probe, &b"{\"status\":\"success\"}"[..])
     );
     drop(first);
-    assert_eq!(calls.lock().unwrap().len(), 1);
+    assert_eq!(calls.lock().len(), 1);
 
     // The same Hello and Proof replayed: the server's fresh nonce makes the Proof stale.
     let mut replay = connect(&server);
@@ -246,7 +244,7 @@ fn replayed_reflected_and_truncated_frames_are_refused() {
         assert!(drain(&mut stream).is_empty());
     }
 
-    assert_eq!(calls.lock().unwrap().len(), 1, "only the genuine Probe");
+    assert_eq!(calls.lock().len(), 1, "only the genuine Probe");
 }
 
 #[test]
@@ -265,7 +263,7 @@ fn a_secured_client_against_a_plain_server_gets_a_typed_error() {
         }) => assert_eq!(peer, endpoint),
         other => panic!("{other:?}"),
     }
-    assert!(calls.lock().unwrap().is_empty());
+    assert!(calls.lock().is_empty());
     // The plain server says why, in words an operator can act on.
     let lines = logs::mentioning("wants to authenticate with a cluster secret");
     assert!(!lines.is_empty());

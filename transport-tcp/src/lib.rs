@@ -26,16 +26,17 @@ mod wire;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tern_engine::{
     PortChoice, RegionInfo, SegmentDesc, Slice, Transport, TransportContext, TransportError,
     TransportReport,
 };
 use tern_metadata::auth::ClusterSecret;
 
-pub use server::{Served, serve_request};
+pub use server::{RequestOutcome, serve_request};
 
 /// Gives `socket` send and receive buffers of `bytes` each, when asked to.
 fn size_buffers(socket: socket2::SockRef<'_>, bytes: Option<usize>) -> std::io::Result<()> {
@@ -61,7 +62,7 @@ pub const PROTO_ENV: &str = "MC_TCP_PROTO";
 pub const LANES_ENV: &str = "MC_TCP_LANES_PER_PEER";
 
 /// One lane per core, at least 2 and at most 8: each lane is a thread that keeps one
-/// connection busy, and more lanes than cores only adds switching (measured on loopback).
+/// connection busy, and more lanes than cores only adds switching.
 fn default_lanes() -> usize {
     std::thread::available_parallelism()
         .map_or(2, |n| n.get())
@@ -162,7 +163,7 @@ impl TcpTransport {
     }
 
     fn pool(running: &Running, host: &str, port: u16, peer_segment: &str) -> Arc<client::Pool> {
-        let mut pools = running.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pools = running.pools.lock();
         pools
             .entry((host.to_owned(), port))
             .or_insert_with(|| {
@@ -265,13 +266,7 @@ impl Transport for TcpTransport {
         let Some(running) = self.running.get() else {
             return;
         };
-        let pools: Vec<_> = running
-            .pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let pools: Vec<_> = running.pools.lock().values().cloned().collect();
         for pool in pools {
             pool.cut_off();
         }
@@ -281,13 +276,12 @@ impl Transport for TcpTransport {
         let Some(running) = self.running.get() else {
             return TransportReport::default();
         };
-        let pools = running.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let pools = running.pools.lock();
         let mut peers: Vec<_> = pools.values().map(|pool| pool.peer_stats()).collect();
         peers.sort_by(|a, b| a.peer.cmp(&b.peer));
         let served = running
             .server
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .as_ref()
             .map(server::Server::served)
             .unwrap_or_default();
@@ -305,18 +299,8 @@ impl Transport for TcpTransport {
             return;
         };
         running.stop.store(true, Ordering::Release);
-        running
-            .server
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        let pools: Vec<_> = running
-            .pools
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .map(|(_, p)| p)
-            .collect();
+        running.server.lock().take();
+        let pools: Vec<_> = running.pools.lock().drain().map(|(_, p)| p).collect();
         for pool in pools {
             pool.close();
         }

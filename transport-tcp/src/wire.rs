@@ -3,11 +3,10 @@
 //!
 //! v1 and v2 are Mooncake's. The kernel copies a socket's bytes into its buffers one after
 //! another, so a frame of 8 or 24 bytes shifts every block behind it off the cache-line grid,
-//! and both sides then copy the block out of line: on loopback, 64 KiB reads moved 4.0 GB/s
-//! under v2 against 4.5 with frames that keep blocks on the grid (alternating runs). v3,
-//! spoken only to a peer whose descriptor says `tcp_proto_version` 3 or more, pads the header
-//! and the status frames to [`FRAME_ALIGN`] bytes, so a block whose length is a multiple of
-//! it keeps the alignment of the block before it.
+//! and both sides then copy the block out of line (the README's TCP section has what that
+//! costs). v3, spoken only to a peer whose descriptor says `tcp_proto_version` 3 or more,
+//! pads the header and the status frames to [`FRAME_ALIGN`] bytes, so a block whose length
+//! is a multiple of it keeps the alignment of the block before it.
 
 /// Length of a request header.
 pub const HEADER_LEN: usize = 24;

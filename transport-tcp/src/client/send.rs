@@ -1,0 +1,177 @@
+//! The sending half of a lane: request headers in the framing both ends speak, the headers
+//! of consecutive reads in one write, and write bodies straight from the source memory.
+
+use std::io;
+use std::net::TcpStream;
+
+use tern_engine::{Opcode, Slice};
+use tern_memreg::RegionIo;
+
+use super::pool::PoolShared;
+use super::receive::Awaiting;
+use super::window::{Failure, Step, Window};
+use crate::wire::{FRAME_ALIGN, Header, OP_READ, OP_WRITE, version_bits};
+
+/// A request being sent: its header, and how many of its bytes (header and body) are out.
+#[derive(Debug)]
+pub(super) struct Sending {
+    pub(super) slice: Slice,
+    pub(super) header: Framed,
+    pub(super) sent: usize,
+}
+
+impl Sending {
+    fn total(&self) -> usize {
+        self.header.len
+            + match self.slice.opcode() {
+                Opcode::Write => self.slice.len,
+                Opcode::Read => 0,
+            }
+    }
+}
+
+/// A request header as its framing sends it.
+#[derive(Debug)]
+pub(super) struct Framed {
+    pub(super) bytes: [u8; FRAME_ALIGN],
+    /// Bytes of `bytes` sent.
+    pub(super) len: usize,
+    /// Bytes of each status frame the server sends back (0 under v1).
+    pub(super) status_len: usize,
+}
+
+/// The wire header of `slice`'s request, in the newest framing both this node and the peer
+/// speak (v3 aligned, v2 with status frames, or v1).
+fn request_header(shared: &PoolShared, slice: &Slice) -> Framed {
+    let version = u32::from(shared.config.proto_version).min(slice.peer().desc.tcp_proto_version);
+    let op = match slice.opcode() {
+        Opcode::Read => OP_READ,
+        Opcode::Write => OP_WRITE,
+    };
+    let header = Header {
+        size: slice.len as u64,
+        addr: slice.remote_addr,
+        opcode: op | version_bits(version),
+    };
+    let (bytes, len) = header.encode_framed();
+    Framed {
+        bytes,
+        len,
+        status_len: header.status_len(),
+    }
+}
+
+impl Window {
+    /// Sends as much of the pending requests as the socket takes now. The headers of reads
+    /// queued one after another go out together, in one write.
+    pub(super) fn send(
+        &mut self,
+        shared: &PoolShared,
+        stream: &mut TcpStream,
+    ) -> Result<Step, Failure> {
+        let mut step = Step::Blocked;
+        loop {
+            if self.marks.send_full() {
+                return Ok(step);
+            }
+            if self.read_headers_sent < self.read_headers.len() {
+                let unsent = self.read_headers.len() - self.read_headers_sent;
+                match io::Write::write(stream, &self.read_headers[self.read_headers_sent..]) {
+                    Ok(0) => return Err(Failure::Io(io::ErrorKind::WriteZero.into())),
+                    Ok(n) => {
+                        self.read_headers_sent += n;
+                        self.marks.sent(n, unsent);
+                        step = Step::Moved;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.marks.send_blocked();
+                        return Ok(step);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::Io(e)),
+                }
+                continue;
+            }
+            self.read_headers.clear();
+            self.read_headers_sent = 0;
+            if self.sending.is_none() {
+                // Reads first in the queue: their headers, all at once. They await their
+                // replies already: the server answers none before its header arrives.
+                while self
+                    .queued
+                    .front()
+                    .is_some_and(|slice| slice.opcode() == Opcode::Read)
+                {
+                    let Some(read) = self.pop_queued() else {
+                        break;
+                    };
+                    let Some(read) = read else {
+                        continue;
+                    };
+                    let header = request_header(shared, &read);
+                    self.read_headers
+                        .extend_from_slice(&header.bytes[..header.len]);
+                    self.awaiting
+                        .push_back(Awaiting::new(read, header.status_len));
+                }
+                if !self.read_headers.is_empty() {
+                    continue;
+                }
+                let Some(slice) = self.pop_queued() else {
+                    return Ok(step);
+                };
+                let Some(slice) = slice else {
+                    continue;
+                };
+                self.stage.begin_outbound();
+                self.sending = Some(Sending {
+                    header: request_header(shared, &slice),
+                    slice,
+                    sent: 0,
+                });
+            }
+            let Some(sending) = self.sending.as_mut() else {
+                return Ok(step);
+            };
+            let (total, header_len) = (sending.total(), sending.header.len);
+            while sending.sent < total {
+                if self.marks.send_full() {
+                    return Ok(step);
+                }
+                let head = &sending.header.bytes[sending.sent.min(header_len)..header_len];
+                let body_from = sending.sent.saturating_sub(header_len);
+                let result = match sending.slice.opcode() {
+                    Opcode::Write => self
+                        .stage
+                        .outbound(
+                            sending.slice.local(),
+                            sending.slice.local_addr,
+                            sending.slice.len,
+                            body_from,
+                        )
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+                        .and_then(|body| stream.write_from(head, body)),
+                    Opcode::Read => io::Write::write(stream, head),
+                };
+                match result {
+                    Ok(0) => return Err(Failure::Io(io::ErrorKind::WriteZero.into())),
+                    Ok(n) => {
+                        self.marks.sent(n, total - sending.sent);
+                        sending.sent += n;
+                        step = Step::Moved;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        self.marks.send_blocked();
+                        return Ok(step);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::Io(e)),
+                }
+            }
+            if let Some(done) = self.sending.take() {
+                self.awaiting
+                    .push_back(Awaiting::new(done.slice, done.header.status_len));
+            }
+        }
+    }
+}
