@@ -6,12 +6,9 @@ use super::error::WireError;
 
 /// Appends `text`, cut at a character boundary to at most [`MAX_TEXT`] bytes.
 pub(super) fn put_text(out: &mut Vec<u8>, text: &str) {
-    let mut end = text.len().min(MAX_TEXT);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    out.extend_from_slice(&(end as u16).to_le_bytes());
-    out.extend_from_slice(&text.as_bytes()[..end]);
+    let text = tern_metadata::text::truncate_at_char_boundary(text, MAX_TEXT);
+    out.extend_from_slice(&(text.len() as u16).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
 }
 
 impl Body<'_> {
