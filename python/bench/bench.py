@@ -123,12 +123,12 @@ def main() -> None:
         elif args.case == "descriptors":
             # OpenBLAS's idle threads would spin beside the engine on a small machine.
             os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-            import numpy as np
-
             offsets = [i * DESCRIPTOR_BYTES for i in range(DESCRIPTORS)]
             lists = ([base + o for o in offsets], [remote + o for o in offsets], [DESCRIPTOR_BYTES] * DESCRIPTORS)
             forms = [("lists", lists)]
             if args.module == "tern":
+                import numpy as np
+
                 forms.append(("numpy", tuple(np.array(values, dtype=np.uint64) for values in lists)))
             # Alternating, so that both forms see the same moments of the machine.
             times: dict[str, list[float]] = {form: [] for form, _ in forms}
