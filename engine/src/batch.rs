@@ -273,7 +273,7 @@ impl BatchInner {
             starts: Mutex::default(),
         });
         if let Some(timer) = &timer {
-            timer.register(tasks.clone());
+            timer.track_batch(tasks.clone());
         }
         Self {
             tasks,
@@ -896,7 +896,7 @@ impl Drop for BatchInner {
     fn drop(&mut self) {
         // Every slice has reported (each held the batch): the tasks are as they end.
         if let Some(timer) = &self.timer {
-            timer.retire(&self.tasks);
+            timer.add_batch_totals(&self.tasks);
         }
     }
 }
