@@ -22,7 +22,7 @@ impl BatchInner {
     /// Runs `hook` once no task is unfinished: now, if none is, else from the thread that
     /// finishes the last one.
     pub(crate) fn on_complete(&self, hook: CompletionHook) {
-        let mut hooks = self.hooks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut hooks = self.hooks.lock();
         // The flag goes up before the count is read, and a finisher reads the flag after its
         // decrement (all SeqCst): either this read sees the last decrement, or that finisher
         // sees the flag and takes the hooks lock, after this hook is in the list.
@@ -40,7 +40,7 @@ impl BatchInner {
 
     pub(super) fn run_hooks(&self) {
         let ready = {
-            let mut hooks = self.hooks.lock().unwrap_or_else(|p| p.into_inner());
+            let mut hooks = self.hooks.lock();
             if self.unfinished.load(Ordering::SeqCst) != 0 {
                 // A submit reserved more tasks since: the hooks wait for those too.
                 return;

@@ -2,8 +2,10 @@
 //! counted slice by slice, ended, settled once every slice has let go, finished.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::hooks::Hooks;
 use super::table::TaskTable;
@@ -236,7 +238,7 @@ impl BatchInner {
         // SeqCst): either this load sees it, or its check sees this decrement and it does
         // not sleep.
         if idle && self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let _guard = self.wake_lock.lock();
             self.wake.notify_all();
         }
         if idle && self.has_hooks.load(Ordering::SeqCst) {

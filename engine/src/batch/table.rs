@@ -1,8 +1,9 @@
 //! A batch's table of tasks, and the tally the engine reads off it while the batch lives and
 //! once more when it goes.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 
 use super::task::{
     COMPLETED, ENDED_SHIFT, FIRST_MASK, FIRST_SHIFT, MAX_TASK_BYTES, PROGRESS_SHIFT, TaskState,
@@ -46,7 +47,7 @@ impl TaskTable {
         if first == 0 {
             self.first_start.store(at, Ordering::Release);
         } else {
-            let mut starts = self.starts.lock().unwrap_or_else(|p| p.into_inner());
+            let mut starts = self.starts.lock();
             // Calls racing each other record in task order all the same.
             let at_index = starts.partition_point(|&(task, _)| task < first);
             starts.insert(at_index, (first, at));
@@ -59,7 +60,7 @@ impl TaskTable {
 /// shows what it has moved so far.
 pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
     let split = |word: u64| (word & MAX_TASK_BYTES, word >> PROGRESS_SHIFT);
-    let starts = table.starts.lock().unwrap_or_else(|p| p.into_inner());
+    let starts = table.starts.lock();
     let mut next_start = 0;
     let mut started_ns = table.first_start.load(Ordering::Acquire);
     // A batch's tasks mostly go to one transport: summed here, added to the tally per run.

@@ -97,7 +97,7 @@ impl BatchInner {
             if self.unfinished.load(Ordering::Acquire) > 0 && self.help() {
                 continue;
             }
-            let guard = self.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = self.wake_lock.lock();
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             if self.unfinished.load(Ordering::SeqCst) == 0 {
                 self.sleepers.fetch_sub(1, Ordering::SeqCst);
@@ -111,11 +111,7 @@ impl BatchInner {
             let nap = wake_at
                 .saturating_duration_since(now)
                 .max(Duration::from_micros(100));
-            let guard = self
-                .wake
-                .wait_timeout(guard, nap)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            self.wake.wait_for(&mut guard, nap);
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
             drop(guard);
         }

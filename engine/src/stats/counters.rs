@@ -4,8 +4,9 @@
 //! one writer is enough; a moved-count word that would overflow moves into wide counters
 //! under a seqlock ([`super::seqlock`]).
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 
 use super::seqlock::Spilled;
 
@@ -91,7 +92,7 @@ impl SharedMovedCounter {
     /// Adds `slices` that moved `bytes` in all.
     pub fn add(&self, bytes: u64, slices: u64) {
         if bytes >= 1 << 32 || slices >= 1 << 16 {
-            let _one = self.spilling.lock().unwrap_or_else(|p| p.into_inner());
+            let _one = self.spilling.lock();
             return self.spilled.spill(|| 0, bytes, slices);
         }
         let before = self
@@ -100,7 +101,7 @@ impl SharedMovedCounter {
         if (before & MOVED_BYTES_MAX) + bytes > MOVED_BYTES_MAX / 2
             || (before >> MOVED_BYTES_BITS) + slices > MOVED_SLICES_MAX / 2
         {
-            let _one = self.spilling.lock().unwrap_or_else(|p| p.into_inner());
+            let _one = self.spilling.lock();
             // Another writer may have moved it meanwhile: this moves what is there now.
             self.spilled
                 .spill(|| self.word.swap(0, Ordering::Relaxed), 0, 0);

@@ -1,7 +1,9 @@
 //! [`EngineCounters`]: what one engine counts itself, per transport, and the tally it reads
 //! off its batches' tasks.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use super::shards::{Shard, Shards, TransportCells};
 use super::tally::{TalliedBatches, Tally};
@@ -75,7 +77,7 @@ impl EngineCounters {
     }
 
     fn tallied(&self) -> MutexGuard<'_, TalliedBatches> {
-        self.tallied.lock().unwrap_or_else(|p| p.into_inner())
+        self.tallied.lock()
     }
 
     /// What every task so far moved and took.

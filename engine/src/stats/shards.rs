@@ -3,8 +3,10 @@
 //! the shards.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 
 use super::counters::LocalCounter;
 
@@ -79,17 +81,14 @@ impl Shards {
                 .map(|_| TransportCells::default())
                 .collect(),
         });
-        self.all
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(shard.clone());
+        self.all.lock().push(shard.clone());
         shards.insert(0, (self.engine, shard.clone()));
         shard
     }
 
     /// `f` of every shard, summed.
     pub(super) fn sum(&self, f: impl Fn(&Shard) -> u64) -> u64 {
-        let shards = self.all.lock().unwrap_or_else(|p| p.into_inner());
+        let shards = self.all.lock();
         shards.iter().map(|s| f(s)).sum()
     }
 }
