@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 use super::shards::{Shard, Shards, TransportCells};
 use super::tally::{TalliedBatches, Tally};
@@ -66,23 +66,19 @@ impl EngineCounters {
     /// The tasks of a new batch, to be read by [`tally`](Self::tally) while it lives.
     pub(crate) fn track_batch(&self, tasks: Arc<TaskTable>) {
         if self.enabled {
-            self.tallied().track(tasks);
+            self.tallied.lock().track(tasks);
         }
     }
 
     /// A batch goes: what its tasks did joins the engine's totals, once, and they are no
     /// longer read live.
     pub(crate) fn add_batch_totals(&self, tasks: &Arc<TaskTable>) {
-        self.tallied().add_totals(tasks);
-    }
-
-    fn tallied(&self) -> MutexGuard<'_, TalliedBatches> {
-        self.tallied.lock()
+        self.tallied.lock().add_totals(tasks);
     }
 
     /// What every task so far moved and took.
     pub(crate) fn tally(&self) -> Tally {
-        self.tallied().tally()
+        self.tallied.lock().tally()
     }
 
     /// `(bytes, slices, failures)` of one transport, with `tally` from [`tally`](Self::tally).

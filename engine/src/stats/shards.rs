@@ -88,7 +88,6 @@ impl Shards {
 
     /// `f` of every shard, summed.
     pub(super) fn sum(&self, f: impl Fn(&Shard) -> u64) -> u64 {
-        let shards = self.all.lock();
-        shards.iter().map(|s| f(s)).sum()
+        self.all.lock().iter().map(|s| f(s)).sum()
     }
 }
