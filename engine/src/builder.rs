@@ -2,9 +2,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use parking_lot::{Mutex, RwLock};
 use tern_memreg::{MemoryRegistry, PretouchPolicy};
 use tern_metadata::auth::ClusterSecret;
 use tern_metadata::net::{self, PortChoice};

@@ -6,9 +6,10 @@
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use parking_lot::{Mutex, RwLock};
 use tern_memreg::{MemoryRegistry, PretouchPolicy};
 use tern_metadata::rpc::{RpcClientConfig, RpcServer};
 use tern_metadata::{MetadataStore, RpcMeta, SegmentDesc};
@@ -52,18 +53,6 @@ pub(crate) struct EngineInner {
     pub(crate) stream_watcher: crate::on_stream::StreamWatcher,
 }
 
-pub(crate) fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(crate) fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Moves bytes between this process's registered memory and other nodes' segments.
 ///
 /// Dropping the engine stops its listeners and workers and withdraws its metadata.
@@ -99,7 +88,7 @@ impl TransferEngine {
             rpc_client: self.inner.rpc_client.clone(),
             republish: Arc::new(move || {
                 let engine = weak.upgrade().ok_or("the engine is shutting down")?;
-                let _change = lock(&engine.change);
+                let _change = engine.change.lock();
                 engine.republish().map_err(|e| e.to_string())
             }),
         };
@@ -157,7 +146,7 @@ impl TransferEngine {
 
     /// This node's descriptor as currently published.
     pub fn local_descriptor(&self) -> SegmentDesc {
-        read(&self.inner.local).desc.clone()
+        self.inner.local.read().desc.clone()
     }
 }
 
@@ -181,7 +170,7 @@ impl Drop for TransferEngine {
         if !self.owner {
             return;
         }
-        lock(&self.inner.rpc_server).take();
+        self.inner.rpc_server.lock().take();
         for transport in &self.inner.transports {
             transport.shutdown();
         }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 use tern_memreg::{AlignedBuffer, MemoryError, Region, RegionInfo, RegionPin, RegisterRaw};
 use tern_metadata::SegmentDesc;
 
-use crate::engine::{EngineInner, TransferEngine, lock, write};
+use crate::engine::{EngineInner, TransferEngine};
 use crate::error::EngineError;
 use crate::transport::{PeerSegment, Transport, keyless_buffer};
 use crate::types::SegmentId;
@@ -101,7 +101,7 @@ impl EngineInner {
 
     /// Registers regions on the registry and every transport, all or none, then publishes.
     pub(crate) fn register(&self, regions: Vec<Region>) -> Result<Vec<Arc<Region>>, EngineError> {
-        let _change = lock(&self.change);
+        let _change = self.change.lock();
         let mut done: Vec<Arc<Region>> = Vec::with_capacity(regions.len());
         let mut failure = None;
         'regions: for region in regions {
@@ -148,7 +148,7 @@ impl EngineInner {
     }
 
     pub(crate) fn unregister(&self, addrs: &[usize]) -> Result<(), EngineError> {
-        let _change = lock(&self.change);
+        let _change = self.change.lock();
         let removed = self.registry.unregister_all(addrs)?;
         for region in &removed {
             for transport in &self.transports {
@@ -159,7 +159,7 @@ impl EngineInner {
     }
 
     pub(crate) fn release_owned(&self, addr: usize) {
-        let _change = lock(&self.change);
+        let _change = self.change.lock();
         if let Some(region) = self.registry.remove_owned(addr) {
             for transport in &self.transports {
                 transport.unregister_memory(region.info());
@@ -201,13 +201,13 @@ impl EngineInner {
         }
         desc.stamp_now();
         let json = desc.to_json();
-        *write(&self.local) = Arc::new(PeerSegment {
+        *self.local.write() = Arc::new(PeerSegment {
             id: SegmentId::LOCAL,
             name: name.clone(),
             desc: desc.clone(),
             rpc: self.rpc_meta.clone(),
         });
-        *write(&self.local_json) = Arc::new(json);
+        *self.local_json.write() = Arc::new(json);
         self.store.publish_segment(name, &desc)?;
         Ok(())
     }

@@ -11,13 +11,14 @@
 //! in flight; it starts on the first such transfer and ends with the engine.
 
 use std::sync::mpsc::{Receiver, Sender, TryRecvError, channel};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex};
 use tern_cuda::{CallerStream, Gate, Mark};
 
 use crate::batch::Batch;
-use crate::engine::{EngineInner, TransferEngine, lock};
+use crate::engine::{EngineInner, TransferEngine};
 use crate::error::EngineError;
 use crate::types::{BatchState, TransferRequest, TransferStatus};
 
@@ -41,7 +42,7 @@ impl Outcome {
         if let Err(e) = &result {
             tracing::warn!("a transfer ordered on a CUDA stream failed: {e}");
         }
-        *lock(&self.result) = Some(result.map_err(Arc::new));
+        *self.result.lock() = Some(result.map_err(Arc::new));
         self.ended.notify_all();
     }
 }
@@ -49,14 +50,14 @@ impl Outcome {
 impl StreamTransfer {
     /// Whether it is over (moved, failed or given up).
     pub fn is_done(&self) -> bool {
-        lock(&self.outcome.result).is_some()
+        self.outcome.result.lock().is_some()
     }
 
     /// Waits up to `timeout` for it to be over: the bytes moved, or why it failed; `None`
     /// while it is still in flight.
     pub fn wait(&self, timeout: Duration) -> Option<Result<u64, Arc<EngineError>>> {
         let deadline = Instant::now() + timeout;
-        let mut result = lock(&self.outcome.result);
+        let mut result = self.outcome.result.lock();
         loop {
             if let Some(done) = result.as_ref() {
                 return Some(done.clone());
@@ -65,12 +66,7 @@ impl StreamTransfer {
             if left.is_zero() {
                 return None;
             }
-            result = self
-                .outcome
-                .ended
-                .wait_timeout(result, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            self.outcome.ended.wait_for(&mut result, left);
         }
     }
 }
@@ -125,7 +121,7 @@ impl TransferEngine {
             outcome: outcome.clone(),
             batch: None,
         };
-        let mut inbox = lock(&self.inner.stream_watcher.inbox);
+        let mut inbox = self.inner.stream_watcher.inbox.lock();
         let sender = match inbox.as_ref() {
             Some(sender) => sender.clone(),
             None => {

@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 use tern_metadata::MetadataError;
 use tern_metadata::rpc::{self, RpcError, RpcType};
 
-use crate::engine::{EngineInner, TransferEngine, lock, read};
+use crate::engine::{EngineInner, TransferEngine};
 use crate::error::EngineError;
 use crate::transport::Transport;
 use crate::types::{Notify, SegmentId};
@@ -56,7 +56,7 @@ impl TransferEngine {
 
     /// Takes every notification received so far, oldest first.
     pub fn get_notifies(&self) -> Vec<Notify> {
-        lock(&self.inner.notifies).drain(..).collect()
+        self.inner.notifies.lock().drain(..).collect()
     }
 
     /// Whether a segment's node answers a Probe RPC.
@@ -78,7 +78,7 @@ impl TransferEngine {
 
 impl EngineInner {
     pub(crate) fn push_notify(&self, notify: Notify) {
-        let mut queue = lock(&self.notifies);
+        let mut queue = self.notifies.lock();
         if queue.len() >= MAX_QUEUED_NOTIFIES {
             tracing::warn!("notify queue full; dropping the oldest notification");
             queue.pop_front();
@@ -105,7 +105,7 @@ pub(crate) fn handle_rpc(
     match ty {
         RpcType::Metadata => {
             parse()?;
-            Ok(read(&engine.local_json).as_bytes().to_vec())
+            Ok(engine.local_json.read().as_bytes().to_vec())
         }
         RpcType::Probe => {
             parse()?;

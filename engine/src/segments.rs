@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 
 use tern_metadata::{MetadataError, MetadataEvent};
 
-use crate::engine::{EngineInner, TransferEngine, read, write};
+use crate::engine::{EngineInner, TransferEngine};
 use crate::error::{EngineError, TransferError};
 use crate::transport::PeerSegment;
 use crate::types::SegmentId;
@@ -32,11 +32,11 @@ impl TransferEngine {
         if name == self.inner.segment_name {
             return Ok(SegmentId::LOCAL);
         }
-        if let Some(id) = read(&self.inner.segments).by_name.get(name) {
+        if let Some(id) = self.inner.segments.read().by_name.get(name) {
             return Ok(*id);
         }
         let peer = self.inner.fetch_segment(name, None)?;
-        let mut table = write(&self.inner.segments);
+        let mut table = self.inner.segments.write();
         if let Some(id) = table.by_name.get(name) {
             return Ok(*id);
         }
@@ -64,7 +64,7 @@ impl TransferEngine {
         if id == SegmentId::LOCAL {
             return Ok(());
         }
-        let mut table = write(&self.inner.segments);
+        let mut table = self.inner.segments.write();
         let peer = table
             .by_id
             .remove(&id)
@@ -82,13 +82,13 @@ impl TransferEngine {
 impl EngineInner {
     pub(crate) fn segment(&self, id: SegmentId) -> Option<Arc<PeerSegment>> {
         if id == SegmentId::LOCAL {
-            return Some(read(&self.local).clone());
+            return Some(self.local.read().clone());
         }
-        read(&self.segments).by_id.get(&id).cloned()
+        self.segments.read().by_id.get(&id).cloned()
     }
 
     pub(crate) fn segment_name_of(&self, id: SegmentId) -> Option<String> {
-        let table = read(&self.segments);
+        let table = self.segments.read();
         table
             .by_id
             .get(&id)
@@ -98,7 +98,7 @@ impl EngineInner {
 
     /// Why an open-looking segment ID has no descriptor.
     pub(crate) fn missing_segment(&self, id: SegmentId) -> TransferError {
-        match read(&self.segments).vanished.get(&id) {
+        match self.segments.read().vanished.get(&id) {
             Some(name) => TransferError::SegmentVanished(name.clone()),
             None => TransferError::UnknownSegment(id),
         }
@@ -109,7 +109,7 @@ impl EngineInner {
     pub(crate) fn refresh(&self, id: SegmentId, name: &str) -> Result<(), EngineError> {
         match self.fetch_segment(name, Some(id)) {
             Ok(peer) => {
-                let mut table = write(&self.segments);
+                let mut table = self.segments.write();
                 if table.by_name.get(name) == Some(&id) {
                     table.vanished.remove(&id);
                     table.by_id.insert(id, Arc::new(peer));
@@ -125,7 +125,7 @@ impl EngineInner {
     }
 
     pub(crate) fn mark_vanished(&self, name: &str) {
-        let mut table = write(&self.segments);
+        let mut table = self.segments.write();
         if let Some(&id) = table.by_name.get(name)
             && table.by_id.remove(&id).is_some()
         {
@@ -141,7 +141,7 @@ impl EngineInner {
                 name,
                 desc: Some(desc),
             } => {
-                let mut table = write(&self.segments);
+                let mut table = self.segments.write();
                 let Some(&id) = table.by_name.get(&name) else {
                     return;
                 };
@@ -170,7 +170,7 @@ impl EngineInner {
                 server,
                 meta: Some(meta),
             } => {
-                let mut table = write(&self.segments);
+                let mut table = self.segments.write();
                 let Some(&id) = table.by_name.get(&server) else {
                     return;
                 };
@@ -182,7 +182,7 @@ impl EngineInner {
             }
             MetadataEvent::RpcMeta { meta: None, .. } => {}
             MetadataEvent::Resync => {
-                let table = read(&self.segments);
+                let table = self.segments.read();
                 let open: Vec<(SegmentId, String)> = table
                     .by_name
                     .iter()

@@ -1,0 +1,347 @@
+//! [`BatchInner`], the state behind a batch, and its tasks' lifecycle: reserved, started,
+//! counted slice by slice, ended, settled once every slice has let go, finished.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::hooks::Hooks;
+use super::table::TaskTable;
+use super::task::{
+    COMPLETED, ENDED_SHIFT, FAILED, FIRST_MASK, FIRST_SHIFT, PENDING, PROGRESS_SHIFT, SETTLED,
+    WAITING, WRITE_FLAG, state_of,
+};
+use super::wait::Helpers;
+use crate::engine::EngineInner;
+use crate::error::{EngineError, TransferError};
+use crate::stats::{EngineCounters, clock_ns, completion_ns};
+use crate::types::Opcode;
+
+#[derive(Debug)]
+pub(crate) struct BatchInner {
+    pub(super) tasks: Arc<TaskTable>,
+    /// Task slots reserved.
+    pub(super) reserved: AtomicUsize,
+    pub(super) submitted: AtomicUsize,
+    pub(super) unfinished: AtomicUsize,
+    pub(super) wake_lock: Mutex<()>,
+    pub(super) wake: Condvar,
+    /// Waiters asleep on `wake` (or about to be): the last task wakes them only if there
+    /// are any, so a waiter that spun to the end costs the finisher no system call.
+    pub(super) sleepers: AtomicUsize,
+    pub(super) freed: AtomicBool,
+    /// Nanoseconds after `crate::stats::epoch`; 0 = no deadline.
+    pub(super) deadline_ns: AtomicU64,
+    /// How long `wait` polls before it sleeps: a transfer that ends within it is seen at
+    /// once, without a condvar round trip.
+    pub(super) spin: Duration,
+    /// The engine's counters, which read this batch's tasks while it lives and take their
+    /// totals when it goes (none with metrics off).
+    pub(super) timer: Option<Arc<EngineCounters>>,
+    /// Transports a waiter may help instead of spinning.
+    pub(super) helpers: Option<Helpers>,
+    /// Hooks waiting for the batch to go idle; `has_hooks` lets finishers skip the lock
+    /// when there are none (the common case).
+    pub(super) hooks: Mutex<Hooks>,
+    pub(super) has_hooks: AtomicBool,
+    /// Tasks ended other than Completed whose slices have not all let go.
+    pub(super) ending: AtomicUsize,
+    /// When the transports were last asked to cut off (`stats::clock_ns`).
+    pub(super) last_cut_ns: AtomicU64,
+    /// The engine, whose transports cut off the slices of ended tasks.
+    pub(super) engine: Weak<EngineInner>,
+}
+
+impl BatchInner {
+    #[cfg(test)]
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self::timed(capacity, Duration::ZERO, None, None, Weak::new())
+    }
+
+    pub(crate) fn timed(
+        capacity: usize,
+        spin: Duration,
+        timer: Option<Arc<EngineCounters>>,
+        helpers: Option<Helpers>,
+        engine: Weak<EngineInner>,
+    ) -> Self {
+        let tasks = Arc::new(TaskTable::new(capacity));
+        if let Some(timer) = &timer {
+            timer.track_batch(tasks.clone());
+        }
+        Self {
+            tasks,
+            reserved: AtomicUsize::new(0),
+            submitted: AtomicUsize::new(0),
+            unfinished: AtomicUsize::new(0),
+            wake_lock: Mutex::new(()),
+            wake: Condvar::new(),
+            sleepers: AtomicUsize::new(0),
+            freed: AtomicBool::new(false),
+            deadline_ns: AtomicU64::new(0),
+            spin,
+            timer,
+            helpers,
+            hooks: Mutex::new(Hooks::default()),
+            has_hooks: AtomicBool::new(false),
+            ending: AtomicUsize::new(0),
+            last_cut_ns: AtomicU64::new(0),
+            engine,
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Reserves `n` task slots; returns the first index.
+    pub(crate) fn reserve(&self, n: usize) -> Result<usize, EngineError> {
+        if self.freed.load(Ordering::Acquire) {
+            return Err(EngineError::BatchFreed);
+        }
+        let capacity = self.capacity();
+        let first = self
+            .reserved
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (n <= capacity - used).then_some(used + n)
+            })
+            .map_err(|used| EngineError::TooManyRequests {
+                capacity,
+                room: capacity - used,
+                requested: n,
+            })?;
+        if self.timer.is_some() {
+            // The tasks' start, one record for the call: a task stores nothing for metrics.
+            // The tasks start after this returns, so a reader that sees them started sees
+            // the record too.
+            self.tasks.record_start(first, clock_ns());
+        }
+        self.unfinished.fetch_add(n, Ordering::SeqCst);
+        Ok(first)
+    }
+
+    /// Marks reserved slots as visible to status readers, after their state is set.
+    pub(crate) fn publish(&self, up_to: usize) {
+        self.submitted.fetch_max(up_to, Ordering::Release);
+    }
+
+    /// Starts `task`: `slices` of `opcode`, going to transport `first` (an index into the
+    /// engine's list) first — the words the task keeps anyway, so metrics store nothing here.
+    pub(crate) fn start_task(&self, task: usize, slices: u32, opcode: Opcode, first: usize) {
+        let t = &self.tasks[task];
+        let write = if opcode == Opcode::Write {
+            WRITE_FLAG
+        } else {
+            0
+        };
+        t.slices_total.store(slices | write, Ordering::SeqCst);
+        let first = ((first as u64 + 1) << FIRST_SHIFT) & FIRST_MASK;
+        let started = t.state.compare_exchange(
+            u64::from(WAITING),
+            u64::from(PENDING) | first,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+        if started.is_err() {
+            // Ended (canceled, timed out) before it started: its slices, handed over after
+            // this, let go unrun, and the last of them settles it; with none, it settles now.
+            self.settle_if_released(task);
+        }
+    }
+
+    /// Moves a pending (or just-reserved) task to a final state other than Completed; false
+    /// if it already was final. The task is settled (shown, and counted finished) once its
+    /// slices have all let go: here if they have, else by the last of them.
+    pub(super) fn end(&self, task: usize, state: u8) -> bool {
+        let t = &self.tasks[task];
+        let mut current = t.state.load(Ordering::SeqCst);
+        loop {
+            if !matches!(state_of(current), PENDING | WAITING) {
+                return false;
+            }
+            let next = u64::from(state) | (current & FIRST_MASK);
+            match t
+                .state
+                .compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => break,
+                Err(now) => current = now,
+            }
+        }
+        self.ending.fetch_add(1, Ordering::SeqCst);
+        // A task ended before it started is settled by `start_task` (its slices exist but
+        // are not counted yet) or by `fail_unstarted`.
+        if state_of(current) == PENDING {
+            self.settle_if_released(task);
+        }
+        true
+    }
+
+    /// Settles `task` if it has ended other than Completed and every slice has let go.
+    pub(super) fn settle_if_released(&self, task: usize) {
+        if self.tasks[task].released() {
+            self.settle(task);
+        }
+    }
+
+    /// The last slice of `task` let go: completes it if nothing ended it before, else shows
+    /// the state it ended in.
+    fn last_released(&self, task: usize, ended_ns: u64) {
+        let t = &self.tasks[task];
+        let current = t.state.load(Ordering::SeqCst);
+        if matches!(state_of(current), PENDING | WAITING) {
+            let next = u64::from(COMPLETED)
+                | SETTLED
+                | (current & FIRST_MASK)
+                | (ended_ns & (u64::MAX >> ENDED_SHIFT)) << ENDED_SHIFT;
+            if t.state
+                .compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+            {
+                self.finished();
+                return;
+            }
+        }
+        self.settle(task);
+    }
+
+    /// Marks an ended task settled, once (whoever sees it both ended and released first).
+    fn settle(&self, task: usize) {
+        let t = &self.tasks[task];
+        let mut current = t.state.load(Ordering::SeqCst);
+        loop {
+            if matches!(state_of(current), PENDING | WAITING) || current & SETTLED != 0 {
+                return;
+            }
+            match t.state.compare_exchange(
+                current,
+                current | SETTLED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => break,
+                Err(now) => current = now,
+            }
+        }
+        self.ending.fetch_sub(1, Ordering::SeqCst);
+        self.finished();
+    }
+
+    /// One task more has finished (and shows so).
+    fn finished(&self) {
+        let idle = self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1;
+        // Waiters wait for the whole batch (and wake at its deadline on their own): only the
+        // last task wakes them, under the lock they check the count under, so no wake-up is
+        // lost. A waiter counts itself in `sleepers` before it checks the count (both
+        // SeqCst): either this load sees it, or its check sees this decrement and it does
+        // not sleep.
+        if idle && self.sleepers.load(Ordering::SeqCst) > 0 {
+            let _guard = self.wake_lock.lock();
+            self.wake.notify_all();
+        }
+        if idle && self.has_hooks.load(Ordering::SeqCst) {
+            self.run_hooks();
+        }
+    }
+
+    /// Fails `task` for a slice of it that failed (and lets go after this).
+    pub(crate) fn fail_task(&self, task: usize, error: TransferError) {
+        let _ = self.tasks[task].error.set(Box::new(error));
+        self.end(task, FAILED);
+    }
+
+    /// A slice of `task` let go without moving its bytes, as only the slice of an ended task
+    /// may: if the task still runs (a transport's mistake), it fails here, before the slice
+    /// counts, so that its last slice cannot complete it with bytes missing.
+    pub(crate) fn fail_if_live(&self, task: usize, how: &str) {
+        if self.task_live(task) {
+            self.fail_task(
+                task,
+                TransferError::Dropped(format!("a slice was {how} while its task was running")),
+            );
+        }
+    }
+
+    /// Fails `task`, which never started: it has no slice.
+    pub(crate) fn fail_unstarted(&self, task: usize, error: TransferError) {
+        self.fail_task(task, error);
+        self.settle_if_released(task);
+    }
+
+    /// A write slice of `task` let go with bytes that may still land at the peer.
+    pub(crate) fn remote_may_change(&self, task: usize) {
+        self.tasks[task]
+            .remote_may_change
+            .store(true, Ordering::Relaxed);
+    }
+
+    /// `task` has `more` slices than it started with (a declined slice cut again). Only
+    /// while a slice of the task has not reported, so the task cannot end meanwhile.
+    pub(crate) fn add_slices(&self, task: usize, more: u32) {
+        self.tasks[task]
+            .slices_total
+            .fetch_add(more, Ordering::AcqRel);
+    }
+
+    /// Counts one slice of `task` let go (done with `bytes` moved, or skipped, failed or cut
+    /// off with none); true when it was the last, and the caller then
+    /// [`complete_task`](Self::complete_task)s it (after letting go of what the task held).
+    pub(crate) fn slice_progress(&self, task: usize, bytes: u64) -> bool {
+        let t = &self.tasks[task];
+        let before = t
+            .progress
+            .fetch_add((1 << PROGRESS_SHIFT) | bytes, Ordering::SeqCst);
+        let done = (before >> PROGRESS_SHIFT) + 1;
+        done == u64::from(t.slices_total.load(Ordering::SeqCst) & !WRITE_FLAG)
+    }
+
+    /// A slice of `task` with `bytes` that the task's first transport did not move (another
+    /// carried it, or it was skipped): called before its
+    /// [`slice_progress`](Self::slice_progress), so that the tally never credits it to the
+    /// first transport.
+    pub(crate) fn slice_uncredited(&self, task: usize, bytes: u64) {
+        self.tasks[task]
+            .uncredited
+            .fetch_add((1 << PROGRESS_SHIFT) | bytes, Ordering::AcqRel);
+    }
+
+    /// The last slice of `task` let go: moves it to Completed (if nothing ended it before,
+    /// timed by this thread's completion clock when metrics are on), else shows how it ended.
+    pub(crate) fn complete_task(&self, task: usize) {
+        let ended = if self.timer.is_some() {
+            completion_ns().max(1)
+        } else {
+            0
+        };
+        self.last_released(task, ended);
+    }
+
+    /// Whether a slice of `task` should still run: the task is pending. (A task past its
+    /// deadline is timed out by the next status read or wait — a waiter wakes at the
+    /// deadline — so no clock is read per slice.)
+    pub(crate) fn task_live(&self, task: usize) -> bool {
+        state_of(self.tasks[task].state.load(Ordering::Acquire)) == PENDING
+    }
+
+    pub(crate) fn mark_freed(&self) -> Result<(), EngineError> {
+        let pending = self.unfinished();
+        if pending > 0 {
+            return Err(EngineError::BatchBusy { pending });
+        }
+        if self.freed.swap(true, Ordering::AcqRel) {
+            return Err(EngineError::BatchFreed);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for BatchInner {
+    fn drop(&mut self) {
+        // Every slice has reported (each held the batch): the tasks are as they end.
+        if let Some(timer) = &self.timer {
+            timer.add_batch_totals(&self.tasks);
+        }
+    }
+}

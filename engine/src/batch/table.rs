@@ -1,0 +1,116 @@
+//! A batch's table of tasks, and the tally the engine reads off it while the batch lives and
+//! once more when it goes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use super::task::{
+    COMPLETED, ENDED_SHIFT, FIRST_MASK, FIRST_SHIFT, MAX_TASK_BYTES, PROGRESS_SHIFT, TaskState,
+    WRITE_FLAG, state_of,
+};
+use crate::stats::Tally;
+
+/// A batch's tasks, and when each submit call started its tasks: what the engine's tally
+/// reads ([`tally_tasks`]) while the batch lives, and once more when it goes.
+#[derive(Debug)]
+pub(crate) struct TaskTable {
+    tasks: Box<[TaskState]>,
+    /// `stats::clock_ns` of the submit call that took task 0 (timed batches only; 0 until
+    /// then): most batches take one call, which so stores its start without a lock.
+    first_start: AtomicU64,
+    /// `(first task, stats::clock_ns)` of each later submit call, in task order (timed
+    /// batches only): one record per call, none per task.
+    starts: Mutex<Vec<(usize, u64)>>,
+}
+
+impl std::ops::Deref for TaskTable {
+    type Target = [TaskState];
+    fn deref(&self) -> &[TaskState] {
+        &self.tasks
+    }
+}
+
+impl TaskTable {
+    /// `capacity` tasks, none started.
+    pub(super) fn new(capacity: usize) -> Self {
+        Self {
+            tasks: (0..capacity).map(|_| TaskState::default()).collect(),
+            first_start: AtomicU64::new(0),
+            starts: Mutex::default(),
+        }
+    }
+
+    /// A submit call started the tasks from `first` on at `at` (`crate::stats::clock_ns`):
+    /// one record for the call.
+    pub(super) fn record_start(&self, first: usize, at: u64) {
+        if first == 0 {
+            self.first_start.store(at, Ordering::Release);
+        } else {
+            let mut starts = self.starts.lock();
+            // Calls racing each other record in task order all the same.
+            let at_index = starts.partition_point(|&(task, _)| task < first);
+            starts.insert(at_index, (first, at));
+        }
+    }
+}
+
+/// Adds what the tasks of `table` moved over the transport each went to first, and how
+/// long those that completed took, to `tally`. A task moves once; read while it runs, it
+/// shows what it has moved so far.
+pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
+    let split = |word: u64| (word & MAX_TASK_BYTES, word >> PROGRESS_SHIFT);
+    let starts = table.starts.lock();
+    let mut next_start = 0;
+    let mut started_ns = table.first_start.load(Ordering::Acquire);
+    // A batch's tasks mostly go to one transport: summed here, added to the tally per run.
+    let (mut run, mut run_bytes, mut run_slices) = (0, 0, 0);
+    // Completed tasks alike in (write, bytes, time taken) not recorded yet, and how many.
+    let (mut alike, mut alike_tasks) = ((false, 0, 0), 0);
+    for (task, t) in table.tasks.iter().enumerate() {
+        while let Some(&(first, at)) = starts.get(next_start)
+            && first <= task
+        {
+            started_ns = at;
+            next_start += 1;
+        }
+        let word = t.state.load(Ordering::Acquire);
+        let first = ((word & FIRST_MASK) >> FIRST_SHIFT) as usize;
+        if first == 0 {
+            continue;
+        }
+        // `uncredited` is added to before `progress` and read after: all of it that this
+        // `progress` holds is seen.
+        let (mut bytes, mut slices) = split(t.progress.load(Ordering::Acquire));
+        let (total_bytes, uncredited) = (bytes, t.uncredited.load(Ordering::Acquire));
+        if uncredited != 0 {
+            let (other_bytes, other_slices) = split(uncredited);
+            bytes = bytes.saturating_sub(other_bytes);
+            slices = slices.saturating_sub(other_slices);
+        }
+        if first != run {
+            tally.moved(run.wrapping_sub(1), run_bytes, run_slices);
+            (run, run_bytes, run_slices) = (first, 0, 0);
+        }
+        run_bytes += bytes;
+        run_slices += slices;
+        let ended = word >> ENDED_SHIFT;
+        if ended != 0 && state_of(word) == COMPLETED {
+            let write = t.slices_total.load(Ordering::Relaxed) & WRITE_FLAG != 0;
+            let took = (write, total_bytes, ended.saturating_sub(started_ns));
+            // The tasks of one submit call mostly match in all three (their ends shared one
+            // clock reading): recorded together.
+            if took != alike {
+                if alike_tasks > 0 {
+                    tally.took(alike.0, alike.1, alike.2, alike_tasks);
+                }
+                (alike, alike_tasks) = (took, 0);
+            }
+            alike_tasks += 1;
+        }
+    }
+    tally.moved(run.wrapping_sub(1), run_bytes, run_slices);
+    if alike_tasks > 0 {
+        tally.took(alike.0, alike.1, alike.2, alike_tasks);
+    }
+}

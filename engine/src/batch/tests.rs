@@ -1,0 +1,314 @@
+//! The batch's bookkeeping, tested without transports: slices are reported by hand.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::error::{EngineError, TransferError};
+use crate::types::{BatchState, Opcode, TransferStatus};
+
+/// One slice's report, as `Slice` makes it, without a request behind it.
+struct SliceCompletion {
+    batch: Arc<BatchInner>,
+    task: usize,
+    reported: bool,
+}
+
+impl SliceCompletion {
+    fn new(batch: Arc<BatchInner>, task: usize) -> Self {
+        Self {
+            batch,
+            task,
+            reported: false,
+        }
+    }
+
+    fn live(&self) -> bool {
+        self.batch.task_live(self.task)
+    }
+
+    fn succeed(mut self, bytes: u64) {
+        self.reported = true;
+        if self.batch.slice_progress(self.task, bytes) {
+            self.batch.complete_task(self.task);
+        }
+    }
+
+    fn fail(mut self, error: TransferError) {
+        self.reported = true;
+        self.batch.fail_task(self.task, error);
+        self.let_go();
+    }
+
+    fn abandon(mut self) {
+        self.reported = true;
+        self.let_go();
+    }
+
+    fn let_go(&self) {
+        if self.batch.slice_progress(self.task, 0) {
+            self.batch.complete_task(self.task);
+        }
+    }
+}
+
+impl Drop for SliceCompletion {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.batch.fail_task(
+                self.task,
+                TransferError::Dropped("slice released without a result".into()),
+            );
+            self.let_go();
+        }
+    }
+}
+
+#[test]
+fn a_task_completes_when_its_last_slice_does() {
+    let batch = Arc::new(BatchInner::new(2));
+    let first = batch.reserve(2).unwrap();
+    batch.start_task(first, 2, Opcode::Read, 0);
+    batch.start_task(first + 1, 1, Opcode::Read, 0);
+    batch.publish(2);
+    let a = SliceCompletion::new(batch.clone(), 0);
+    let b = SliceCompletion::new(batch.clone(), 0);
+    let c = SliceCompletion::new(batch.clone(), 1);
+    a.succeed(10);
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Pending
+    );
+    b.succeed(5);
+    let done = batch.task_status(0).unwrap();
+    assert_eq!(
+        (done.status, done.transferred_bytes),
+        (TransferStatus::Completed, 15)
+    );
+    assert_eq!(batch.status().state, BatchState::Pending);
+    drop(c);
+    assert!(matches!(
+        batch.task_status(1).unwrap().status,
+        TransferStatus::Failed(TransferError::Dropped(_))
+    ));
+    assert_eq!(batch.status().state, BatchState::Failed);
+    assert!(batch.task_status(2).is_none());
+}
+
+#[test]
+fn capacity_is_enforced_without_partial_reservation() {
+    let batch = BatchInner::new(3);
+    batch.reserve(2).unwrap();
+    assert!(matches!(
+        batch.reserve(2),
+        Err(EngineError::TooManyRequests {
+            capacity: 3,
+            room: 1,
+            requested: 2
+        })
+    ));
+    assert_eq!(batch.reserve(1).unwrap(), 2);
+}
+
+#[test]
+fn free_is_refused_while_busy_and_cancel_finishes_tasks() {
+    let batch = Arc::new(BatchInner::new(1));
+    batch.reserve(1).unwrap();
+    batch.start_task(0, 1, Opcode::Read, 0);
+    batch.publish(1);
+    let late = SliceCompletion::new(batch.clone(), 0);
+    assert!(matches!(
+        batch.mark_freed(),
+        Err(EngineError::BatchBusy { pending: 1 })
+    ));
+    // The slice stays out past the drain time: cancel gives up waiting, and the task
+    // still shows pending (its memory is not free), the batch busy.
+    assert_eq!(batch.cancel(), 1);
+    assert!(!late.live());
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Pending
+    );
+    assert!(batch.mark_freed().is_err());
+    late.succeed(100);
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Canceled
+    );
+    batch.mark_freed().unwrap();
+    assert!(matches!(batch.reserve(1), Err(EngineError::BatchFreed)));
+}
+
+#[test]
+fn deadlines_time_tasks_out_and_wake_waiters() {
+    let batch = Arc::new(BatchInner::new(1));
+    batch.reserve(1).unwrap();
+    batch.start_task(0, 0, Opcode::Read, 0);
+    batch.publish(1);
+    batch.set_deadline(Some(Instant::now() + Duration::from_millis(30)));
+    let status = batch.wait(Duration::from_secs(30));
+    assert_eq!(status.state, BatchState::Failed);
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Timeout
+    );
+}
+
+#[test]
+fn a_timed_out_task_shows_its_end_only_once_its_slices_let_go() {
+    let batch = Arc::new(BatchInner::new(1));
+    batch.reserve(1).unwrap();
+    batch.start_task(0, 2, Opcode::Write, 0);
+    batch.publish(1);
+    let (done, out) = (
+        SliceCompletion::new(batch.clone(), 0),
+        SliceCompletion::new(batch.clone(), 0),
+    );
+    done.succeed(7);
+    batch.set_deadline(Some(Instant::now()));
+    // Ended, not settled: shown pending, the batch busy.
+    let status = batch.task_status(0).unwrap();
+    assert_eq!(status.status, TransferStatus::Pending);
+    assert!(!out.live());
+    assert_eq!(batch.status().state, BatchState::Pending);
+    assert!(matches!(
+        batch.mark_freed(),
+        Err(EngineError::BatchBusy { pending: 1 })
+    ));
+    // The waiter returns once the last slice lets go, with the task timed out.
+    let slice = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        out.fail(TransferError::Dropped("cut".into()));
+    });
+    let status = batch.wait(Duration::from_millis(1));
+    slice.join().unwrap();
+    assert_eq!(status.state, BatchState::Failed);
+    let task = batch.task_status(0).unwrap();
+    assert_eq!(
+        (task.status, task.transferred_bytes, task.remote_may_change),
+        (TransferStatus::Timeout, 7, false)
+    );
+    batch.mark_freed().unwrap();
+}
+
+#[test]
+fn cancel_returns_once_the_slices_of_the_canceled_tasks_let_go() {
+    let batch = Arc::new(BatchInner::new(2));
+    batch.reserve(2).unwrap();
+    batch.start_task(0, 1, Opcode::Read, 0);
+    batch.start_task(1, 1, Opcode::Read, 0);
+    batch.publish(2);
+    let (a, b) = (
+        SliceCompletion::new(batch.clone(), 0),
+        SliceCompletion::new(batch.clone(), 1),
+    );
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        a.abandon();
+        b.succeed(3);
+    });
+    assert_eq!(batch.cancel(), 2);
+    // Both let go before cancel returned: both show canceled, the batch is idle.
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Canceled
+    );
+    assert_eq!(
+        batch.task_status(1).unwrap().status,
+        TransferStatus::Canceled
+    );
+    assert_eq!(batch.unfinished(), 0);
+    late.join().unwrap();
+}
+
+#[test]
+fn a_task_canceled_before_it_started_settles_when_its_slices_let_go() {
+    let batch = Arc::new(BatchInner::new(2));
+    batch.reserve(2).unwrap();
+    // Another submit published past this task before it started.
+    batch.publish(2);
+    let slice = SliceCompletion::new(batch.clone(), 0);
+    batch.start_task(1, 0, Opcode::Read, 0);
+    assert_eq!(batch.submitted.load(Ordering::Acquire), 2);
+    let canceler = {
+        let batch = batch.clone();
+        std::thread::spawn(move || batch.cancel())
+    };
+    while batch.ending.load(Ordering::SeqCst) == 0 {
+        std::thread::yield_now();
+    }
+    batch.start_task(0, 1, Opcode::Read, 0);
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Pending
+    );
+    assert!(!slice.live());
+    slice.abandon();
+    canceler.join().unwrap();
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Canceled
+    );
+    assert_eq!(batch.unfinished(), 0);
+}
+
+#[test]
+fn completion_hooks_run_once_when_the_last_task_finishes() {
+    use std::sync::atomic::AtomicUsize;
+    let batch = Arc::new(BatchInner::new(2));
+    batch.reserve(2).unwrap();
+    batch.start_task(0, 1, Opcode::Read, 0);
+    batch.start_task(1, 1, Opcode::Read, 0);
+    batch.publish(2);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = calls.clone();
+    batch.on_complete(Box::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    let first = SliceCompletion::new(batch.clone(), 0);
+    let last = SliceCompletion::new(batch.clone(), 1);
+    first.succeed(1);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    std::thread::spawn(move || last.fail(TransferError::ZeroLength))
+        .join()
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // Registered on an idle batch: runs at once, on the caller's thread.
+    let counter = calls.clone();
+    batch.on_complete(Box::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn completion_hooks_run_when_the_deadline_times_tasks_out() {
+    let batch = Arc::new(BatchInner::new(1));
+    batch.reserve(1).unwrap();
+    batch.start_task(0, 0, Opcode::Read, 0);
+    batch.publish(1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    batch.on_complete(Box::new(move || tx.send(()).unwrap()));
+    batch.set_deadline(Some(Instant::now() + Duration::from_millis(10)));
+    assert!(rx.try_recv().is_err());
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(batch.status().state, BatchState::Failed);
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+}
+
+#[test]
+fn waiters_wake_when_another_thread_completes() {
+    let batch = Arc::new(BatchInner::new(1));
+    batch.reserve(1).unwrap();
+    batch.start_task(0, 1, Opcode::Read, 0);
+    batch.publish(1);
+    let slice = SliceCompletion::new(batch.clone(), 0);
+    let worker = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        slice.succeed(1);
+    });
+    let status = batch.wait(Duration::from_secs(30));
+    worker.join().unwrap();
+    assert_eq!(status.state, BatchState::Completed);
+}

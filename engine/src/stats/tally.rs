@@ -1,0 +1,103 @@
+//! The tally read off the tasks: what each transport moved and how long tasks took
+//! ([`Tally`]), and the batches an engine reads it off ([`TalliedBatches`]).
+
+use std::sync::Arc;
+
+use super::latency::{Histogram, LATENCY_BUCKETS_US, SIZE_CLASSES, size_class};
+use super::report::LatencyStats;
+use crate::batch::{TaskTable, tally_tasks};
+use crate::transport::Routes;
+
+/// What tasks moved and how long they took, read off the tasks: per transport `(bytes,
+/// slices)`, and the latency histograms `[read, write][size class]`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tally {
+    moved: [(u64, u64); Routes::MAX],
+    latency: [[Histogram; SIZE_CLASSES.len()]; 2],
+}
+
+impl Tally {
+    /// `bytes` in `slices` went over `transport`.
+    pub(crate) fn moved(&mut self, transport: usize, bytes: u64, slices: u64) {
+        if let Some(cell) = self.moved.get_mut(transport) {
+            *cell = (cell.0 + bytes, cell.1 + slices);
+        }
+    }
+
+    /// `tasks` tasks of `len` bytes each took `ns` to complete.
+    pub(crate) fn took(&mut self, write: bool, len: u64, ns: u64, tasks: u64) {
+        self.latency[usize::from(write)][size_class(len as usize)].record(ns, tasks);
+    }
+
+    /// The latency histograms with something in them.
+    pub(crate) fn latencies(&self) -> Vec<LatencyStats> {
+        let mut out = Vec::new();
+        for (op, name) in ["read", "write"].iter().enumerate() {
+            for (class, (size, _)) in SIZE_CLASSES.iter().enumerate() {
+                let histogram = &self.latency[op][class];
+                let count: u64 = histogram.buckets.iter().sum();
+                if count == 0 {
+                    continue;
+                }
+                out.push(LatencyStats {
+                    operation: (*name).to_owned(),
+                    size: (*size).to_owned(),
+                    buckets: LATENCY_BUCKETS_US
+                        .iter()
+                        .zip(&histogram.buckets)
+                        .map(|(&le, &n)| (le, n))
+                        .collect(),
+                    count,
+                    sum_seconds: histogram.sum_ns as f64 / 1e9,
+                });
+            }
+        }
+        out
+    }
+
+    pub(super) fn of(&self, transport: usize) -> (u64, u64) {
+        self.moved.get(transport).copied().unwrap_or_default()
+    }
+}
+
+/// The batches an engine reads its tally off: the tasks of those that live, and the tally
+/// of those that went.
+#[derive(Debug, Default)]
+pub(super) struct TalliedBatches {
+    /// What the tasks of batches gone had moved and taken, added once as each went.
+    gone: Tally,
+    live: Vec<Arc<TaskTable>>,
+    /// Per transport, the `(bytes, slices)` last shown: a slice carried by another
+    /// transport than its task's first is taken off the first's count a moment after it
+    /// shows on the task, and a reader between the two would see the first's count drop;
+    /// counters never go down, so that reader is shown the count before.
+    shown: [(u64, u64); Routes::MAX],
+}
+
+impl TalliedBatches {
+    /// The tasks of a new batch, read by [`tally`](Self::tally) while it lives.
+    pub(super) fn track(&mut self, tasks: Arc<TaskTable>) {
+        self.live.push(tasks);
+    }
+
+    /// A batch goes: what its tasks did joins the totals of batches gone, once.
+    pub(super) fn add_totals(&mut self, tasks: &Arc<TaskTable>) {
+        if let Some(at) = self.live.iter().position(|t| Arc::ptr_eq(t, tasks)) {
+            let gone = self.live.swap_remove(at);
+            tally_tasks(&gone, &mut self.gone);
+        }
+    }
+
+    /// What every task so far moved and took.
+    pub(super) fn tally(&mut self) -> Tally {
+        let mut tally = self.gone.clone();
+        for tasks in &self.live {
+            tally_tasks(tasks, &mut tally);
+        }
+        for (now, shown) in tally.moved.iter_mut().zip(self.shown.iter_mut()) {
+            *now = (now.0.max(shown.0), now.1.max(shown.1));
+            *shown = *now;
+        }
+        tally
+    }
+}

@@ -1,0 +1,31 @@
+//! Segments as transports see them: a peer's, resolved, and the keyless form of a local
+//! buffer.
+
+use tern_memreg::RegionInfo;
+use tern_metadata::{BufferDesc, RpcMeta, SegmentDesc};
+
+use crate::types::SegmentId;
+
+/// A segment as the engine resolved it: its descriptor and where its node listens.
+#[derive(Debug, Clone)]
+pub struct PeerSegment {
+    /// The engine's ID for it.
+    pub id: SegmentId,
+    /// Its name.
+    pub name: String,
+    /// Its descriptor.
+    pub desc: SegmentDesc,
+    /// Where its handshake RPC listens; its host is the peer's data address too.
+    pub rpc: RpcMeta,
+}
+
+/// Mooncake's keyless buffer form (TCP): named by the segment, no rkeys or lkeys.
+pub fn keyless_buffer(region: &RegionInfo, segment_name: &str) -> BufferDesc {
+    BufferDesc {
+        addr: region.addr as u64,
+        length: region.len as u64,
+        lkey: None,
+        name: segment_name.to_owned(),
+        rkey: None,
+    }
+}
