@@ -28,6 +28,7 @@ pub mod nic;
 mod numa;
 mod region;
 pub mod shm;
+mod socket;
 
 pub use buffer::{AlignedBuffer, HUGE_PAGE_SIZE, PAGE_SIZE, PretouchPolicy};
 pub use counting::CountingAllocator;
@@ -35,6 +36,7 @@ pub use device::{STAGE_CHUNK, Stage};
 pub use map::{MapError, RegionMap};
 pub use numa::{numa_node_of, resolve_location};
 pub use region::{
-    HoldsPin, MemoryError, MemoryKind, MemoryRegistry, Pinned, Ready, Region, RegionInfo, RegionIo,
-    RegionPin, RegionSlice, RegisterRaw, Staged, recv_now, wait_ready,
+    HoldsPin, MemoryError, MemoryKind, MemoryRegistry, Pinned, Region, RegionInfo, RegionIo,
+    RegionPin, RegionSlice, RegisterRaw, Staged,
 };
+pub use socket::{Ready, recv_now, wait_ready};
