@@ -325,7 +325,7 @@ impl Inner {
         for slot in &shared.nics {
             let endpoints = lock(&slot.store).drain();
             for ep in endpoints {
-                ep.retire();
+                ep.decommission();
             }
         }
     }

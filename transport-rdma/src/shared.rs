@@ -487,17 +487,17 @@ impl Shared {
         }
     }
 
-    /// Removes a retired endpoint from its NIC's store (if it is still there).
+    /// Removes a decommissioned endpoint from its NIC's store (if it is still there).
     pub fn forget_endpoint(&self, ep: &Arc<Endpoint>) {
         if let Some(slot) = self.nics.get(ep.nic) {
             lock(&slot.store).remove(ep);
         }
     }
 
-    /// Retires endpoints another thread displaced and tells their workers.
-    fn retire_displaced(&self, displaced: Vec<Arc<Endpoint>>) {
+    /// Decommissions endpoints another thread displaced and tells their workers.
+    fn decommission_displaced(&self, displaced: Vec<Arc<Endpoint>>) {
         for ep in displaced {
-            if ep.retire()
+            if ep.decommission()
                 && let Some(handle) = self.nics.get(ep.nic).and_then(|n| n.workers.get(ep.worker))
             {
                 let _ = handle.send(Msg::Changed(ep));
@@ -528,7 +528,7 @@ impl Shared {
         )?;
         let displaced = store.insert(ep.clone());
         drop(store);
-        self.retire_displaced(displaced);
+        self.decommission_displaced(displaced);
         let shared = self.clone();
         let connecting = ep.clone();
         let peer = slice.peer().clone();
@@ -714,7 +714,7 @@ impl Shared {
                 ep.connect(&slot.nic, &remote, &self.template)?;
                 let displaced = store.insert(ep.clone());
                 drop(store);
-                self.retire_displaced(displaced);
+                self.decommission_displaced(displaced);
                 ep
             }
         };

@@ -8,12 +8,12 @@
 //! request and every older one (RC completes in order); an error completion names the
 //! request that failed, and the QP, now in the error state, flushes the rest one by one. A
 //! pin is dropped only when its request is retired, so no region can be unregistered while a
-//! NIC may still write it. A retired endpoint is dropped (its QPs destroyed) only once its
-//! ledgers are empty; one whose device never flushes is abandoned after `DRAIN_LIMIT`: its
-//! tasks fail, its pins are kept for good. Asked to cut off (`Msg::CutOff`), a worker drops
-//! the queued slices of ended tasks and retires every endpoint with a posted request of one,
-//! so that a timed-out or canceled task's memory is back once the flush is reaped, not after
-//! the QP's retry timeout or a handshake with a peer that does not answer.
+//! NIC may still write it. A decommissioned endpoint is dropped (its QPs destroyed) only once
+//! its ledgers are empty; one whose device never flushes is abandoned after `DRAIN_LIMIT`:
+//! its tasks fail, its pins are kept for good. Asked to cut off (`Msg::CutOff`), a worker
+//! drops the queued slices of ended tasks and decommissions every endpoint with a posted
+//! request of one, so that a timed-out or canceled task's memory is back once the flush is
+//! reaped, not after the QP's retry timeout or a handshake with a peer that does not answer.
 //!
 //! When it has nothing to do the worker spins briefly, then sleeps on its CQ's completion
 //! channel and on a doorbell socket that senders write to only while it sleeps, so an idle
@@ -60,7 +60,8 @@ pub(crate) enum Msg {
         ep: Arc<Endpoint>,
         result: Result<(), String>,
     },
-    /// An endpoint of this worker became usable (its peer's ready ACK came) or was retired.
+    /// An endpoint of this worker became usable (its peer's ready ACK came) or was
+    /// decommissioned.
     Changed(Arc<Endpoint>),
     /// Tasks ended while slices of them were here: let go of those slices now.
     CutOff,
@@ -168,10 +169,11 @@ struct Slot {
     in_flight: Vec<usize>,
     backlog: VecDeque<Job>,
     next_qp: usize,
-    /// Set once the endpoint is retired here: the slot goes when nothing is in flight.
-    retired_at: Option<Instant>,
-    /// Retired to cut off requests of ended tasks, not for a fault: what else it flushes
-    /// goes out again on the same path, uncounted as a failure.
+    /// Set once the endpoint is decommissioned here: the slot goes when nothing is in
+    /// flight.
+    decommissioned_at: Option<Instant>,
+    /// Decommissioned to cut off requests of ended tasks, not for a fault: what else it
+    /// flushes goes out again on the same path, uncounted as a failure.
     cut_off: bool,
     /// This worker's `(bytes, slices)` to the endpoint's peer server.
     moved: Arc<MovedCounter>,
@@ -185,8 +187,8 @@ impl Slot {
 
 /// Completions taken per poll.
 const POLL_BATCH: usize = 64;
-/// How long a retired endpoint may wait for its flushed requests before the worker gives up
-/// on them (Mooncake: 30 s).
+/// How long a decommissioned endpoint may wait for its flushed requests before the worker
+/// gives up on them (Mooncake: 30 s).
 const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 /// How long a stopping worker waits for the flushes of its endpoints' requests.
 const STOP_DRAIN_LIMIT: Duration = Duration::from_secs(10);
@@ -311,14 +313,14 @@ impl Worker {
                         self.shared.blame(self.nic, &ep.key, Blame::Hard);
                         self.refused
                             .insert(ep.key.clone(), (Instant::now(), reason.clone()));
-                        self.retire(slot, Some(reason));
+                        self.decommission(slot, Some(reason));
                     }
                 }
             }
             Msg::Changed(ep) => {
                 if let Some(slot) = self.slot_of(&ep) {
                     if ep.state() == State::Dead {
-                        self.retire(slot, None);
+                        self.decommission(slot, None);
                     } else {
                         self.mark_waiting(slot);
                     }
@@ -331,7 +333,7 @@ impl Worker {
 
     /// Lets go of every slice here whose task has ended. One not posted (queued, waiting for
     /// a handshake or a ready ACK) is abandoned at once. An endpoint with a posted request
-    /// of an ended task is retired: its QPs are moved to the error state
+    /// of an ended task is decommissioned: its QPs are moved to the error state
     /// (`ibv_modify_qp(3)`, `IBV_QPS_ERR`), in which, by the InfiniBand Architecture
     /// Specification, every outstanding request completes with a flush error
     /// (`IBV_WC_WR_FLUSH_ERR`, `ibv_poll_cq(3)`), and `complete` reports each ended one as
@@ -359,7 +361,7 @@ impl Worker {
                     job.slice.abandon();
                 }
             }
-            let posted_ended = slot.retired_at.is_none()
+            let posted_ended = slot.decommissioned_at.is_none()
                 && slot.in_flight() > 0
                 && slot
                     .ep
@@ -372,7 +374,7 @@ impl Worker {
                     slot.ep.key
                 );
                 slot.cut_off = true;
-                self.retire(index, None);
+                self.decommission(index, None);
             }
         }
     }
@@ -435,7 +437,7 @@ impl Worker {
             ep: ep.clone(),
             backlog: VecDeque::new(),
             next_qp: 0,
-            retired_at: None,
+            decommissioned_at: None,
             cut_off: false,
         };
         let index = match self.free.pop() {
@@ -464,7 +466,7 @@ impl Worker {
             };
             let ready = self.slots[slot]
                 .as_ref()
-                .is_some_and(|s| s.retired_at.is_none() && s.ep.state() == State::Ready);
+                .is_some_and(|s| s.decommissioned_at.is_none() && s.ep.state() == State::Ready);
             if !ready {
                 // Connecting, or waiting for the peer's ready ACK: the message that changes
                 // that puts it back.
@@ -547,8 +549,8 @@ impl Worker {
             let before = chain.len();
             if let Err(e) = slot.ep.qps[q].post_send(chain) {
                 // The requests before the refused one are on the wire; an unsignalled last
-                // one among them is still retired, by the flush that retiring the endpoint
-                // below causes.
+                // one among them is still retired, by the flush that decommissioning the
+                // endpoint below causes.
                 broken = Some(e.to_string());
             }
             let posted = before - chain.len();
@@ -558,7 +560,7 @@ impl Worker {
         }
         if let Some(reason) = broken {
             tracing::warn!("posting to {}: {reason}", slot.ep.key);
-            self.retire(slot_index, None);
+            self.decommission(slot_index, None);
         }
         true
     }
@@ -638,7 +640,7 @@ impl Worker {
     fn failed(&mut self, slot_index: usize, job: Job, error: CompletionError) {
         let cut_off = self.slots[slot_index].as_ref().is_some_and(|s| s.cut_off);
         // Any error leaves the QP in the error state: the endpoint is done for.
-        self.retire(slot_index, None);
+        self.decommission(slot_index, None);
         if self.shared.stopping.load(Ordering::Acquire) {
             return job
                 .slice
@@ -708,23 +710,23 @@ impl Worker {
         }
     }
 
-    /// Retires an endpoint: its backlog goes elsewhere, its QPs flush, and the slot goes once
-    /// nothing is in flight.
-    fn retire(&mut self, slot_index: usize, failure: Option<String>) {
+    /// Decommissions an endpoint: its backlog goes elsewhere, its QPs flush, and the slot
+    /// goes once nothing is in flight.
+    fn decommission(&mut self, slot_index: usize, failure: Option<String>) {
         let Some(slot) = self.slots[slot_index].as_mut() else {
             return;
         };
-        if slot.retired_at.is_some() {
+        if slot.decommissioned_at.is_some() {
             return;
         }
-        slot.retired_at = Some(Instant::now());
+        slot.decommissioned_at = Some(Instant::now());
         let ep = slot.ep.clone();
         let backlog: Vec<Job> = slot.backlog.drain(..).collect();
         if self.by_key.get(&ep.key) == Some(&slot_index) {
             self.by_key.remove(&ep.key);
         }
         self.shared.forget_endpoint(&ep);
-        ep.retire();
+        ep.decommission();
         for job in backlog {
             self.reroute(job, failure.clone());
         }
@@ -734,7 +736,7 @@ impl Worker {
     fn drop_if_drained(&mut self, slot_index: usize) {
         let done = self.slots[slot_index]
             .as_ref()
-            .is_some_and(|s| s.retired_at.is_some() && s.in_flight() == 0);
+            .is_some_and(|s| s.decommissioned_at.is_some() && s.in_flight() == 0);
         if done {
             self.drop_slot(slot_index);
         }
@@ -759,7 +761,7 @@ impl Worker {
             let Some(slot) = self.slots[index].as_mut() else {
                 continue;
             };
-            if let Some(at) = slot.retired_at {
+            if let Some(at) = slot.decommissioned_at {
                 if now.duration_since(at) >= DRAIN_LIMIT {
                     // The device never flushed: fail the tasks rather than hold them forever,
                     // but keep the pins (the QPs' ledgers leak them), since nothing says the
@@ -771,9 +773,9 @@ impl Worker {
                 && slot.ep.age() >= READY_ACK_LIMIT
             {
                 let key = slot.ep.key.clone();
-                self.retire(index, Some(format!("{key} never sent its ready ACK")));
+                self.decommission(index, Some(format!("{key} never sent its ready ACK")));
             } else if slot.ep.state() == State::Dead {
-                self.retire(index, None);
+                self.decommission(index, None);
             }
         }
     }
@@ -787,7 +789,11 @@ impl Worker {
         }
         let busy = self.outstanding > 0
             || !self.waiting.is_empty()
-            || self.slots.iter().flatten().any(|s| s.retired_at.is_some());
+            || self
+                .slots
+                .iter()
+                .flatten()
+                .any(|s| s.decommissioned_at.is_some());
         let nap = if busy { TICK } else { IDLE_SLEEP };
         let mut completions = std::mem::take(&mut self.completions);
         let waited = self.inbox.cq.wait_or(
@@ -810,7 +816,7 @@ impl Worker {
         self.completions = completions;
     }
 
-    /// Gives up on a retired slot's requests: their tasks fail, their pins stay taken.
+    /// Gives up on a decommissioned slot's requests: their tasks fail, their pins stay taken.
     fn abandon(&mut self, slot_index: usize, why: &str) {
         let Some(slot) = self.slots[slot_index].as_mut() else {
             return;
@@ -820,8 +826,8 @@ impl Worker {
         slot.in_flight.iter_mut().for_each(|n| *n = 0);
         if !stuck.is_empty() {
             tracing::warn!(
-                "{} request(s) on {} never completed after its retirement; their memory stays \
-                 registered for good",
+                "{} request(s) on {} never completed after it was decommissioned; their memory \
+                 stays registered for good",
                 stuck.len(),
                 slot.ep.key
             );
@@ -849,7 +855,7 @@ impl Worker {
                     job.slice.fail(dropped());
                 }
             }
-            self.retire(index, Some("the RDMA transport stopped".into()));
+            self.decommission(index, Some("the RDMA transport stopped".into()));
         }
         let started = Instant::now();
         while self.outstanding > 0 && started.elapsed() < STOP_DRAIN_LIMIT {
