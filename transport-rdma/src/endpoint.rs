@@ -6,10 +6,11 @@
 //! worker moves its QPs to the error state, waits for their flushed work requests, and drops
 //! it, which destroys the QPs. So no QP outlives its use, and the store's bound caps them all.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use parking_lot::Mutex;
 use tern_engine::{Pinned, Submission};
 use tern_verbs::{CompletionQueue, Gid, PathConfig, Peer, QpCaps, QueuePair, VerbsError};
 
@@ -89,10 +90,6 @@ pub(crate) struct Endpoint {
     pairing: Mutex<Pairing>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Endpoint {
     /// `count` RC QPs on `nic` reporting to `cq`, moved to INIT.
     pub fn create(
@@ -130,7 +127,7 @@ impl Endpoint {
 
     /// The peer QPs this endpoint is connected to (empty before it is).
     pub fn peer_qps(&self) -> Vec<u32> {
-        lock(&self.pairing).peer_qps.clone()
+        self.pairing.lock().peer_qps.clone()
     }
 
     pub fn state(&self) -> State {
@@ -139,7 +136,7 @@ impl Endpoint {
 
     /// Moves to `state` unless the endpoint is dead; false if it was.
     pub fn set_state(&self, state: State) -> bool {
-        let mut pairing = lock(&self.pairing);
+        let mut pairing = self.pairing.lock();
         if self.state() == State::Dead {
             return false;
         }
@@ -150,13 +147,13 @@ impl Endpoint {
 
     /// Time in the current state.
     pub fn age(&self) -> std::time::Duration {
-        lock(&self.pairing).since.elapsed()
+        self.pairing.lock().since.elapsed()
     }
 
     /// Decommissions the endpoint: no new work goes to it, and its QPs move to the error
     /// state so that every outstanding request completes (flushed). True the first time.
     pub fn decommission(&self) -> bool {
-        let _pairing = lock(&self.pairing);
+        let _pairing = self.pairing.lock();
         if self.state.swap(State::Dead as u8, Ordering::AcqRel) == State::Dead as u8 {
             return false;
         }
@@ -172,7 +169,7 @@ impl Endpoint {
     /// connected to exactly these QPs already is success (both sides opened at once); being
     /// connected to others is an error.
     pub fn connect(&self, nic: &Nic, peer: &PeerQps, template: &PathConfig) -> Result<(), String> {
-        let mut pairing = lock(&self.pairing);
+        let mut pairing = self.pairing.lock();
         if self.state() == State::Dead {
             return Err(format!("endpoint {} was decommissioned", self.key));
         }

@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::event::EventState;
 use crate::stream::StreamQueue;
@@ -56,7 +58,7 @@ pub(crate) struct State {
 pub(crate) static STATE: Mutex<Option<State>> = Mutex::new(None);
 
 pub(crate) fn with_state<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    let mut guard = STATE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = STATE.lock();
     f(guard.get_or_insert_with(State::default))
 }
 
@@ -77,8 +79,8 @@ pub(crate) static HANDLE_TABLE: Mutex<Handles> = Mutex::new(Handles {
     events: BTreeMap::new(),
 });
 
-pub(crate) fn handles() -> std::sync::MutexGuard<'static, Handles> {
-    HANDLE_TABLE.lock().unwrap_or_else(|p| p.into_inner())
+pub(crate) fn handles() -> MutexGuard<'static, Handles> {
+    HANDLE_TABLE.lock()
 }
 
 pub(crate) static HANDLES: AtomicU64 = AtomicU64::new(1);

@@ -2,8 +2,10 @@
 //! memory) in order on a thread of its own, asynchronously to the caller, as a device does.
 
 use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+
+use parking_lot::{Condvar, Mutex};
 
 use crate::codes::{ERROR_INVALID_CONTEXT, ERROR_INVALID_VALUE, ERROR_NOT_SUPPORTED, SUCCESS};
 use crate::context::{CONTEXTS, current_device};
@@ -35,7 +37,7 @@ pub(crate) enum Op {
 #[derive(Default)]
 pub(crate) struct StreamQueue {
     pub(crate) state: Mutex<QueueState>,
-    pub(crate) changed: std::sync::Condvar,
+    pub(crate) changed: Condvar,
 }
 
 #[derive(Default)]
@@ -74,7 +76,7 @@ impl StreamQueue {
     }
 
     pub(crate) fn push(&self, op: Op) {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock();
         state.ops.push_back(op);
         self.changed.notify_all();
     }
@@ -82,7 +84,7 @@ impl StreamQueue {
     fn run(&self, _ordinal: usize) {
         loop {
             let op = {
-                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                let mut state = self.state.lock();
                 loop {
                     if let Some(op) = state.ops.pop_front() {
                         state.busy = true;
@@ -91,7 +93,7 @@ impl StreamQueue {
                     if state.destroyed {
                         return;
                     }
-                    state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+                    self.changed.wait(&mut state);
                 }
             };
             let outcome = match op {
@@ -123,7 +125,7 @@ impl StreamQueue {
                     SUCCESS
                 }
             };
-            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut state = self.state.lock();
             state.busy = false;
             if outcome != SUCCESS {
                 state.failed.get_or_insert(outcome);
@@ -134,9 +136,9 @@ impl StreamQueue {
 
     /// Waits until every operation queued so far has run; the first failure since.
     fn drain(&self) -> c_int {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock();
         while !state.ops.is_empty() || state.busy {
-            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+            self.changed.wait(&mut state);
         }
         state.failed.take().unwrap_or(SUCCESS)
     }
@@ -232,7 +234,7 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(stream: *mut c_void) -> c_int {
     let Some((queue, _)) = handles().streams.remove(&(stream as usize)) else {
         return ERROR_INVALID_VALUE;
     };
-    let mut state = queue.state.lock().unwrap_or_else(|p| p.into_inner());
+    let mut state = queue.state.lock();
     state.destroyed = true;
     queue.changed.notify_all();
     SUCCESS

@@ -17,8 +17,10 @@
 
 use std::any::Any;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+
+use parking_lot::Mutex;
 
 use crate::buffer::AlignedBuffer;
 
@@ -37,10 +39,6 @@ pub use raw::RegisterRaw;
 pub use registry::MemoryRegistry;
 pub use slice::RegionSlice;
 pub use tern_cuda::MemoryKind;
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The public facts of a region: where it is, how long, where it lives, who may touch it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +167,7 @@ impl Region {
 
     /// Drops everything attached to the region.
     fn detach_all(&self) {
-        let detached = std::mem::take(&mut *lock(&self.attachments));
+        let detached = std::mem::take(&mut *self.attachments.lock());
         drop(detached);
     }
 

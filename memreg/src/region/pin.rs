@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{Attachment, MemoryError, Region, RegionInfo, RegionSlice, lock};
+use super::{Attachment, MemoryError, Region, RegionInfo, RegionSlice};
 use crate::device::DeviceRange;
 
 /// A hold on a registered region: while any pin lives, the region cannot be unregistered,
@@ -44,7 +44,7 @@ impl RegionPin {
     /// it), always before the region's memory is released. A device registration of the region's memory lives here, so it
     /// can never outlive the memory.
     pub fn attach(&self, attachment: Attachment) {
-        lock(&self.region.attachments).push(attachment);
+        self.region.attachments.lock().push(attachment);
     }
 
     /// Whether the pinned region is device memory (reached only through a [`Stage`](crate::Stage) or

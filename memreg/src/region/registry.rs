@@ -1,7 +1,9 @@
 //! The registry: the set of registered regions, and the only place pins on raw regions come
 //! from.
 
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use super::{MemoryError, MemoryKind, Region, RegionInfo, RegionPin};
 use crate::map::RegionMap;
@@ -9,6 +11,8 @@ use crate::map::RegionMap;
 /// The set of registered regions of one process (or one engine).
 #[derive(Debug, Default)]
 pub struct MemoryRegistry {
+    /// Every change is a single call on the map, so a panic elsewhere never leaves it half
+    /// changed for the next holder of the lock.
     regions: RwLock<RegionMap<Arc<Region>>>,
 }
 
@@ -16,16 +20,6 @@ impl MemoryRegistry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    fn read(&self) -> RwLockReadGuard<'_, RegionMap<Arc<Region>>> {
-        // A poisoned lock only means a panic elsewhere; the map itself is always consistent
-        // because every mutation is a single BTreeMap call.
-        self.regions.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write(&self) -> RwLockWriteGuard<'_, RegionMap<Arc<Region>>> {
-        self.regions.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Adds a region; fails on zero length, overflow or overlap and changes nothing then.
@@ -42,7 +36,8 @@ impl MemoryRegistry {
             region.info.location = crate::numa::resolve_location("*", region.info.addr);
         }
         let region = Arc::new(region);
-        self.write()
+        self.regions
+            .write()
             .insert(region.addr(), region.len(), region.clone())?;
         Ok(region)
     }
@@ -62,7 +57,7 @@ impl MemoryRegistry {
     /// Removes every region starting at one of `addrs`, or none: if any address is unknown or
     /// its region is in use, nothing is removed and the first problem is returned.
     pub fn unregister_all(&self, addrs: &[usize]) -> Result<Vec<Arc<Region>>, MemoryError> {
-        let mut regions = self.write();
+        let mut regions = self.regions.write();
         for &addr in addrs {
             let (_, region) = regions
                 .get(addr)
@@ -88,7 +83,7 @@ impl MemoryRegistry {
     /// Removes an owned region even while pinned: its memory lives inside the region, so
     /// transfers still holding pins finish safely. Raw regions are left alone (`None`).
     pub fn remove_owned(&self, addr: usize) -> Option<Arc<Region>> {
-        let mut regions = self.write();
+        let mut regions = self.regions.write();
         let owned = regions.get(addr).is_some_and(|(_, r)| r.is_owned());
         if owned {
             regions.remove(addr).map(|(_, r)| r)
@@ -99,7 +94,7 @@ impl MemoryRegistry {
 
     /// Pins the region that contains all of `[addr, addr + len)`.
     pub fn pin(&self, addr: usize, len: usize) -> Result<RegionPin, MemoryError> {
-        let regions = self.read();
+        let regions = self.regions.read();
         let (_, _, region) = regions
             .find_containing(addr, len)
             .ok_or(MemoryError::NotRegistered { addr, len })?;
@@ -120,22 +115,26 @@ impl MemoryRegistry {
 
     /// Whether some region overlaps `[addr, addr + len)`.
     pub fn overlaps(&self, addr: usize, len: usize) -> Result<bool, MemoryError> {
-        Ok(self.read().first_overlap(addr, len)?.is_some())
+        Ok(self.regions.read().first_overlap(addr, len)?.is_some())
     }
 
     /// The facts of every region, in address order.
     pub fn snapshot(&self) -> Vec<RegionInfo> {
-        self.read().iter().map(|(_, _, r)| r.info.clone()).collect()
+        self.regions
+            .read()
+            .iter()
+            .map(|(_, _, r)| r.info.clone())
+            .collect()
     }
 
     /// Number of registered regions.
     pub fn len(&self) -> usize {
-        self.read().len()
+        self.regions.read().len()
     }
 
     /// Whether no region is registered.
     pub fn is_empty(&self) -> bool {
-        self.read().is_empty()
+        self.regions.read().is_empty()
     }
 }
 

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{MAX_QPS_PER_ENDPOINT, Shared, lock};
+use super::{MAX_QPS_PER_ENDPOINT, Shared};
 use crate::endpoint::{PeerQps, State};
 use crate::handshake::{HandshakeDesc, check_request, path_mtu};
 use crate::worker::Msg;
@@ -40,7 +40,7 @@ impl Shared {
         let slot = &self.nics[nic];
         let key: Arc<str> = Arc::from(request.peer.to_string());
         if desc.is_ready_ack() {
-            let ep = lock(&slot.store).get(&key);
+            let ep = slot.store.lock().get(&key);
             return match ep {
                 Some(ep) if ep.peer_qps() == request.peer_qps => {
                     if ep.state() == State::WaitAck && ep.set_state(State::Ready) {
@@ -62,7 +62,7 @@ impl Shared {
             psn: request.peer_psn,
         };
         let worker = self.worker_index(&key);
-        let mut store = lock(&slot.store);
+        let mut store = slot.store.lock();
         let existing = store.get(&key);
         let ep = match existing {
             Some(ep) if ep.state() == State::Connecting && ep.qps.len() == remote.qps.len() => {

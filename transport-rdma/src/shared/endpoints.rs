@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tern_engine::Slice;
 
-use super::{NicSlot, Shared, lock};
+use super::{NicSlot, Shared};
 use crate::endpoint::{Endpoint, State};
 use crate::worker::Msg;
 
@@ -13,7 +13,7 @@ impl Shared {
     /// Removes a decommissioned endpoint from its NIC's store (if it is still there).
     pub fn forget_endpoint(&self, ep: &Arc<Endpoint>) {
         if let Some(slot) = self.nics.get(ep.nic) {
-            lock(&slot.store).remove(ep);
+            slot.store.lock().remove(ep);
         }
     }
 
@@ -38,7 +38,7 @@ impl Shared {
         slice: &Slice,
     ) -> Result<Arc<Endpoint>, String> {
         let slot = self.nics.get(nic).ok_or_else(|| format!("no NIC #{nic}"))?;
-        let mut store = lock(&slot.store);
+        let mut store = slot.store.lock();
         if let Some(ep) = store.get(key) {
             return Ok(ep);
         }
@@ -74,7 +74,7 @@ impl Shared {
                 }
             });
         if let Err(e) = spawned {
-            lock(&slot.store).remove(&ep);
+            slot.store.lock().remove(&ep);
             return Err(format!("cannot start a handshake thread: {e}"));
         }
         Ok(ep)

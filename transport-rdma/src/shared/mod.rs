@@ -7,10 +7,11 @@
 //! handshake) and `accept` (the passive side).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
+use parking_lot::{Mutex, RwLock};
 use tern_engine::TransportContext;
 use tern_memreg::nic::NicKeys;
 use tern_metadata::PriorityMatrix;
@@ -36,10 +37,6 @@ pub const KEYLESS_PEER_BUFFER: &str = "the peer's buffer is not registered on it
 
 /// The most QPs a peer may ask for in one endpoint.
 pub(crate) const MAX_QPS_PER_ENDPOINT: usize = 64;
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// One local NIC with what hangs off it.
 #[derive(Debug)]
@@ -108,7 +105,7 @@ impl Shared {
     pub fn nic_usable(&self, nic: usize, now: Instant) -> bool {
         let port_down = self.nics[nic].port_down.load(Ordering::Relaxed);
         let failing =
-            self.maybe_paused.load(Ordering::Relaxed) && lock(&self.health).nic_paused(nic, now);
+            self.maybe_paused.load(Ordering::Relaxed) && self.health.lock().nic_paused(nic, now);
         !port_down && !failing
     }
 
@@ -128,12 +125,14 @@ impl Shared {
     /// Remembers the last failure with the peer behind `key` (a NIC path), for stats.
     pub fn note_failure(&self, key: &str, reason: &str) {
         let server = key.rsplit_once('@').map_or(key, |(server, _)| server);
-        lock(&self.last_errors).insert(server.to_owned(), reason.to_owned());
+        self.last_errors
+            .lock()
+            .insert(server.to_owned(), reason.to_owned());
     }
 
     pub fn blame(&self, nic: usize, key: &Arc<str>, blame: Blame) {
         self.maybe_paused.store(true, Ordering::Relaxed);
-        let paused_nic = lock(&self.health).failed(nic, key, blame, Instant::now());
+        let paused_nic = self.health.lock().failed(nic, key, blame, Instant::now());
         if paused_nic {
             tracing::warn!(
                 "NIC {} keeps failing: paused for {:?}, and the descriptor republished without it",
@@ -146,7 +145,7 @@ impl Shared {
 
     pub fn succeeded(&self, nic: usize) {
         if self.maybe_paused.load(Ordering::Relaxed) {
-            lock(&self.health).succeeded(nic);
+            self.health.lock().succeeded(nic);
         }
     }
 

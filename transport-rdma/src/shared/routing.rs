@@ -12,7 +12,7 @@ use tern_engine::{PeerSegment, Slice, TransferError};
 use tern_memreg::nic::NicKeys;
 use tern_metadata::PriorityMatrix;
 
-use super::{KEYLESS_PEER_BUFFER, Shared, lock};
+use super::{KEYLESS_PEER_BUFFER, Shared};
 use crate::route::{Ranked, Side, choose};
 use crate::topology::candidates;
 use crate::worker::Job;
@@ -122,17 +122,15 @@ impl Shared {
             .as_ref()
             .is_none_or(|(addr, _, _)| *addr != region.addr)
         {
-            let keys = self
-                .keys
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&region.addr)
-                .cloned()
-                .ok_or(TransferError::SourceNotRegistered {
+            let keys = self.keys.read().get(&region.addr).cloned().ok_or(
+                TransferError::SourceNotRegistered {
                     addr: slice.local_addr,
                     len: slice.len,
-                })?;
-            let ranked = lock(&self.local_ranked)
+                },
+            )?;
+            let ranked = self
+                .local_ranked
+                .lock()
                 .entry(region.location.clone())
                 .or_insert_with(|| Arc::new(ranked_in(&self.matrix, &region.location, &self.names)))
                 .clone();
@@ -207,7 +205,7 @@ impl Shared {
         let health = self
             .maybe_paused
             .load(Ordering::Relaxed)
-            .then(|| (lock(&self.health), Instant::now()));
+            .then(|| (self.health.lock(), Instant::now()));
         let paused = |l: usize, p: usize| -> bool {
             if self.nics[l].port_down.load(Ordering::Relaxed) {
                 return true;
@@ -272,7 +270,7 @@ impl Shared {
 
     /// The routing view of a peer's current descriptor.
     pub(super) fn peer_view(&self, segment: &Arc<PeerSegment>) -> Arc<PeerView> {
-        let mut views = lock(&self.peer_views);
+        let mut views = self.peer_views.lock();
         match views.get(&segment.id) {
             Some(view) if Arc::ptr_eq(&view.segment, segment) => view.clone(),
             _ => {

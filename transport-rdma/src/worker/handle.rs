@@ -3,11 +3,12 @@
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering, fence};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
 use tern_engine::TransferError;
 use tern_verbs::CompletionQueue;
 
@@ -107,13 +108,13 @@ impl WorkerHandle {
     }
 
     pub fn set_thread(&self, thread: JoinHandle<()>) {
-        *self.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread);
+        *self.thread.lock() = Some(thread);
     }
 
     /// Stops the worker and waits for it.
     pub fn stop(&self) {
         let _ = self.send(Msg::Stop);
-        let thread = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let thread = self.thread.lock().take();
         if let Some(thread) = thread
             && thread.join().is_err()
         {

@@ -15,8 +15,10 @@
 //! chains of work requests every post builds).
 
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+
+use parking_lot::Mutex;
 
 use rdma_sys as sys;
 
@@ -79,8 +81,8 @@ impl<G, U> std::fmt::Debug for QueuePair<G, U> {
         let qp_num = unsafe { self.qp.as_ref().qp_num };
         f.debug_struct("QueuePair")
             .field("qp_num", &qp_num)
-            .field("sends_in_flight", &lock(&self.send).ledger.len())
-            .field("receives_in_flight", &lock(&self.recv).ledger.len())
+            .field("sends_in_flight", &self.send.lock().ledger.len())
+            .field("receives_in_flight", &self.recv.lock().ledger.len())
             .finish_non_exhaustive()
     }
 }
@@ -142,10 +144,6 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl<G, U> Drop for QueuePair<G, U> {
     fn drop(&mut self) {
         // SAFETY: created once, destroyed once.
@@ -155,16 +153,8 @@ impl<G, U> Drop for QueuePair<G, U> {
         // memory: their guards are leaked (counted by `leaked_guards`), their values dropped.
         let mut stuck = 0;
         for ledger in [
-            &mut self
-                .send
-                .get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .ledger,
-            &mut self
-                .recv
-                .get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .ledger,
+            &mut self.send.get_mut().ledger,
+            &mut self.recv.get_mut().ledger,
         ] {
             stuck += ledger.abandon(|item| item).len();
         }

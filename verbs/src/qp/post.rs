@@ -6,7 +6,7 @@ use rdma_sys as sys;
 use super::chain::{
     Refused, link_and_post, post_recv_error, post_send_error, raw_sge, recv_wr, send_wr,
 };
-use super::{MemoryGuard, QueuePair, RecvWork, SendWork, Sge, WorkQueue, lock};
+use super::{MemoryGuard, QueuePair, RecvWork, SendWork, Sge, WorkQueue};
 use crate::error::VerbsError;
 use crate::ledger::{Ledger, signalled};
 
@@ -28,7 +28,7 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
                 "a work request's SGE lies outside the memory its guard keeps valid",
             ));
         }
-        let mut queue = lock(&self.send);
+        let mut queue = self.send.lock();
         let WorkQueue { ledger, wrs, sges } = &mut *queue;
         sges.clear();
         sges.extend(work.iter().map(|w| raw_sge(&w.local)));
@@ -63,7 +63,7 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
                 "a receive request's SGE lies outside the memory its guard keeps valid",
             ));
         }
-        let mut queue = lock(&self.recv);
+        let mut queue = self.recv.lock();
         let WorkQueue { ledger, wrs, sges } = &mut *queue;
         sges.clear();
         sges.extend(work.iter().map(|w| raw_sge(&w.local)));

@@ -1,20 +1,20 @@
 //! What is in flight on a queue pair, and its retirement: by the completion that reports it,
 //! or abandoned when the device never flushes.
 
-use super::{MemoryGuard, QueuePair, lock};
+use super::{MemoryGuard, QueuePair};
 use crate::cq::{Completion, CompletionError};
 use crate::ledger::Outcome;
 
 impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
     /// Tracked requests posted and not yet retired, both queues.
     pub fn in_flight(&self) -> usize {
-        lock(&self.send).ledger.len() + lock(&self.recv).ledger.len()
+        self.send.lock().ledger.len() + self.recv.lock().ledger.len()
     }
 
     /// Whether any tracked send request posted and not yet retired carries a value for
     /// which `test` holds (to find the QPs whose work must be cut off, say).
     pub fn any_send_in_flight(&self, mut test: impl FnMut(&U) -> bool) -> bool {
-        lock(&self.send).ledger.any(|(_, user)| test(user))
+        self.send.lock().ledger.any(|(_, user)| test(user))
     }
 
     /// Retires what `completion` reports: its request and every older one on the same
@@ -38,11 +38,11 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
         // The status of an error completion says nothing about which queue it came from
         // (`ibv_poll_cq(3)`: only wr_id, status, qp_num and vendor_err are valid); each
         // queue's ledger knows its own IDs.
-        let sent = lock(&self.send).ledger.retire(wr_id, error, &mut push);
+        let sent = self.send.lock().ledger.retire(wr_id, error, &mut push);
         if sent > 0 {
             return Ok(sent);
         }
-        Ok(lock(&self.recv).ledger.retire(wr_id, error, &mut push))
+        Ok(self.recv.lock().ledger.retire(wr_id, error, &mut push))
     }
 
     /// Gives up on every tracked request in flight: their values come back (to fail what
@@ -50,8 +50,8 @@ impl<G: MemoryGuard, U: Send> QueuePair<G, U> {
     /// good. For a device that never flushes; the normal way out is [`to_error`](Self::to_error)
     /// and retiring the flush completions.
     pub fn abandon(&self) -> Vec<U> {
-        let mut users = lock(&self.send).ledger.abandon(|item| item);
-        users.extend(lock(&self.recv).ledger.abandon(|item| item));
+        let mut users = self.send.lock().ledger.abandon(|item| item);
+        users.extend(self.recv.lock().ledger.abandon(|item| item));
         users
     }
 }
