@@ -189,8 +189,7 @@ impl RdmaTransport {
 }
 
 /// Fewer CPUs than this near a NIC and workers are left to the scheduler: pinned to one of
-/// two or three CPUs, a worker keeps colliding with the application's own threads (measured
-/// on 2 vCPUs: 4 KiB latency several times worse pinned).
+/// two or three CPUs, a worker keeps colliding with the application's own threads.
 const MIN_CPUS_TO_PIN: usize = 4;
 
 /// The CPU for worker `slot` of a NIC on `node`: counted from the last CPU of the node, so
