@@ -17,51 +17,20 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, len: usize) -> c_int {
     if len == 0 {
         return ERROR_INVALID_VALUE;
     }
-    // SAFETY: memfd_create takes a NUL-terminated name and flags.
-    let fd = unsafe { libc::memfd_create(c"tern-standin-device".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
+    let Some(fd) = new_memfd(c"tern-standin-device", len) else {
         return ERROR_OUT_OF_MEMORY;
-    }
-    // SAFETY: ftruncate on the memfd just made.
-    if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
-        // SAFETY: closes the fd made above.
-        unsafe { libc::close(fd) };
-        return ERROR_OUT_OF_MEMORY;
-    }
-    // SAFETY: a new shared mapping of the memfd; no existing memory is affected.
-    let visible = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_NONE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
     };
-    // SAFETY: as above.
-    let alias = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
-    // SAFETY: the fd is this call's own; it is kept with the allocation for IPC handles.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    if visible == libc::MAP_FAILED || alias == libc::MAP_FAILED {
+    // The memfd is kept with the allocation, for IPC handles.
+    let Some((visible, alias)) = map_twice(&fd, len, 0, None) else {
         return ERROR_OUT_OF_MEMORY;
-    }
+    };
     with_state(|s| {
         s.device.insert(
-            visible as usize,
+            visible,
             Allocation {
                 len,
                 ordinal,
-                alias: alias as usize,
+                alias,
                 origin: Origin::Alloc(fd),
             },
         )
