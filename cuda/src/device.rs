@@ -46,7 +46,7 @@ impl Device {
     /// API and PyTorch use, so Tern shares it instead of adding one).
     pub fn get(ordinal: usize) -> Result<&'static Device, CudaError> {
         let driver = driver()?;
-        let mut devices = driver.devices.lock().unwrap_or_else(|p| p.into_inner());
+        let mut devices = driver.devices.lock();
         let count = devices.len();
         let slot = devices
             .get_mut(ordinal)

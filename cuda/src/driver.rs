@@ -1,7 +1,9 @@
 //! Loading the driver library and the table of the entry points Tern calls.
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 
 use crate::error::CudaError;
 
@@ -250,7 +252,7 @@ static CHOSEN: Mutex<Option<String>> = Mutex::new(None);
 pub fn driver() -> Result<&'static Driver, CudaError> {
     DRIVER
         .get_or_init(|| {
-            let chosen = CHOSEN.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let chosen = CHOSEN.lock().clone();
             let path = chosen
                 .or_else(|| std::env::var(DRIVER_ENV).ok().filter(|p| !p.is_empty()))
                 .unwrap_or_else(|| DEFAULT_DRIVER.to_owned());
@@ -269,7 +271,7 @@ pub fn loaded() -> Option<&'static Driver> {
 /// this way). Fails with [`CudaError::DriverChosen`] once a different library was loaded or
 /// tried.
 pub fn use_driver(path: &str) -> Result<&'static Driver, CudaError> {
-    *CHOSEN.lock().unwrap_or_else(|p| p.into_inner()) = Some(path.to_owned());
+    *CHOSEN.lock() = Some(path.to_owned());
     let driver = driver();
     let loaded_from = match DRIVER.get() {
         Some(Ok(d)) => d.path.clone(),
@@ -335,7 +337,7 @@ impl Driver {
 
     /// How many devices the driver sees.
     pub fn device_count(&self) -> usize {
-        self.devices.lock().map_or(0, |d| d.len())
+        self.devices.lock().len()
     }
 
     /// `Ok` for `CUDA_SUCCESS`, else the call's typed error with the driver's name for it.

@@ -14,8 +14,8 @@
 //! larger target each time; `CU_STREAM_WAIT_VALUE_GEQ` compares cyclically, so a stream
 //! waiting for an older target is released by any newer value.
 
+use parking_lot::Mutex;
 use std::ffi::c_void;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::driver::{
@@ -240,7 +240,7 @@ static POOL: Mutex<Pool> = Mutex::new(Pool { free: Vec::new() });
 
 impl Gate {
     fn take(driver: &'static Driver) -> Result<Self, CudaError> {
-        let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = POOL.lock();
         if pool.free.is_empty() {
             pool.free.extend(new_page(driver)?);
         }
@@ -273,7 +273,7 @@ impl Gate {
             return;
         }
         self.word.store(self.target, Ordering::Release);
-        let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = POOL.lock();
         pool.free.push((self.slot, self.target));
     }
 }

@@ -13,7 +13,9 @@
 //!   a Rust reference) moved by system calls on a file descriptor ([`RegionIo`]) or by copies;
 //! - [`shm`]: memory shared with same-host peers — sealed memfds and their mappings,
 //!   descriptors passed over Unix sockets, peer credentials, cross-memory attach
-//!   (`process_vm_readv`/`writev`) and the ptrace settings that govern it.
+//!   (`process_vm_readv`/`writev`) and the ptrace settings that govern it;
+//! - [`wait_ready`] and [`recv_now`]: the two socket calls transports that drive their own
+//!   connections need (`poll(2)`, and `recv(2)` without waiting).
 //!
 //! It must not know about protocols, descriptors or the engine: it moves bytes to and from
 //! file descriptors and NICs' memory registrations, and nothing above that. Together with `tern-verbs`
@@ -28,6 +30,7 @@ pub mod nic;
 mod numa;
 mod region;
 pub mod shm;
+mod socket;
 
 pub use buffer::{AlignedBuffer, HUGE_PAGE_SIZE, PAGE_SIZE, PretouchPolicy};
 pub use counting::CountingAllocator;
@@ -35,6 +38,7 @@ pub use device::{STAGE_CHUNK, Stage};
 pub use map::{MapError, RegionMap};
 pub use numa::{numa_node_of, resolve_location};
 pub use region::{
-    HoldsPin, MemoryError, MemoryKind, MemoryRegistry, Pinned, Ready, Region, RegionInfo, RegionIo,
-    RegionPin, RegionSlice, RegisterRaw, Staged, recv_now, wait_ready,
+    HoldsPin, MemoryError, MemoryKind, MemoryRegistry, Pinned, Region, RegionInfo, RegionIo,
+    RegionPin, RegionSlice, RegisterRaw, Staged,
 };
+pub use socket::{Ready, recv_now, wait_ready};

@@ -2,14 +2,15 @@
 //! bounded store that caches them per NIC (SIEVE eviction, as Mooncake).
 //!
 //! An endpoint is made by the active side's handshake or by the passive side's answer to
-//! one; once its peer is gone, evicted or broken it is retired (state `Dead`): its worker
-//! moves its QPs to the error state, waits for their flushed work requests, and drops it,
-//! which destroys the QPs. So no QP outlives its use, and the store's bound caps them all.
+//! one; once its peer is gone, evicted or broken it is decommissioned (state `Dead`): its
+//! worker moves its QPs to the error state, waits for their flushed work requests, and drops
+//! it, which destroys the QPs. So no QP outlives its use, and the store's bound caps them all.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use parking_lot::Mutex;
 use tern_engine::{Pinned, Submission};
 use tern_verbs::{CompletionQueue, Gid, PathConfig, Peer, QpCaps, QueuePair, VerbsError};
 
@@ -32,7 +33,7 @@ pub(crate) enum State {
     WaitAck = 1,
     /// Usable.
     Ready = 2,
-    /// Retired: broken, evicted or replaced.
+    /// Decommissioned: broken, evicted or replaced.
     Dead = 3,
 }
 
@@ -60,8 +61,10 @@ pub(crate) struct PeerQps {
     pub psn: Option<u32>,
 }
 
+/// Which peer QPs an endpoint's QPs are paired with, and when its state last changed: held
+/// while its QPs change state.
 #[derive(Debug)]
-struct Link {
+struct Pairing {
     /// The peer's QP numbers this endpoint's QPs are connected to (empty: not yet).
     peer_qps: Vec<u32>,
     /// When the endpoint was made or last changed state.
@@ -84,11 +87,7 @@ pub(crate) struct Endpoint {
     state: AtomicU8,
     /// Serialises QP state changes, which the worker, a handshake thread and the RPC
     /// server may attempt at once.
-    link: Mutex<Link>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
+    pairing: Mutex<Pairing>,
 }
 
 impl Endpoint {
@@ -115,7 +114,7 @@ impl Endpoint {
             qps,
             psn: crate::handshake::random_psn(),
             state: AtomicU8::new(state as u8),
-            link: Mutex::new(Link {
+            pairing: Mutex::new(Pairing {
                 peer_qps: Vec::new(),
                 since: Instant::now(),
             }),
@@ -128,7 +127,7 @@ impl Endpoint {
 
     /// The peer QPs this endpoint is connected to (empty before it is).
     pub fn peer_qps(&self) -> Vec<u32> {
-        lock(&self.link).peer_qps.clone()
+        self.pairing.lock().peer_qps.clone()
     }
 
     pub fn state(&self) -> State {
@@ -137,24 +136,24 @@ impl Endpoint {
 
     /// Moves to `state` unless the endpoint is dead; false if it was.
     pub fn set_state(&self, state: State) -> bool {
-        let mut link = lock(&self.link);
+        let mut pairing = self.pairing.lock();
         if self.state() == State::Dead {
             return false;
         }
         self.state.store(state as u8, Ordering::Release);
-        link.since = Instant::now();
+        pairing.since = Instant::now();
         true
     }
 
     /// Time in the current state.
     pub fn age(&self) -> std::time::Duration {
-        lock(&self.link).since.elapsed()
+        self.pairing.lock().since.elapsed()
     }
 
-    /// Retires the endpoint: no new work goes to it, and its QPs move to the error state so
-    /// that every outstanding request completes (flushed). True the first time.
-    pub fn retire(&self) -> bool {
-        let _link = lock(&self.link);
+    /// Decommissions the endpoint: no new work goes to it, and its QPs move to the error
+    /// state so that every outstanding request completes (flushed). True the first time.
+    pub fn decommission(&self) -> bool {
+        let _pairing = self.pairing.lock();
         if self.state.swap(State::Dead as u8, Ordering::AcqRel) == State::Dead as u8 {
             return false;
         }
@@ -170,17 +169,17 @@ impl Endpoint {
     /// connected to exactly these QPs already is success (both sides opened at once); being
     /// connected to others is an error.
     pub fn connect(&self, nic: &Nic, peer: &PeerQps, template: &PathConfig) -> Result<(), String> {
-        let mut link = lock(&self.link);
+        let mut pairing = self.pairing.lock();
         if self.state() == State::Dead {
-            return Err(format!("endpoint {} was retired", self.key));
+            return Err(format!("endpoint {} was decommissioned", self.key));
         }
-        if !link.peer_qps.is_empty() {
-            return if link.peer_qps == peer.qps {
+        if !pairing.peer_qps.is_empty() {
+            return if pairing.peer_qps == peer.qps {
                 Ok(())
             } else {
                 Err(format!(
                     "endpoint {} is connected to QPs {:?}, the peer now names {:?}",
-                    self.key, link.peer_qps, peer.qps
+                    self.key, pairing.peer_qps, peer.qps
                 ))
             };
         }
@@ -211,8 +210,8 @@ impl Endpoint {
             qp.to_rtr(&remote, &path).map_err(|e| e.to_string())?;
             qp.to_rts(&path).map_err(|e| e.to_string())?;
         }
-        link.peer_qps.clone_from(&peer.qps);
-        link.since = Instant::now();
+        pairing.peer_qps.clone_from(&peer.qps);
+        pairing.since = Instant::now();
         Ok(())
     }
 }
@@ -243,7 +242,7 @@ impl EndpointStore {
     }
 
     /// Adds an endpoint; returns the ones it displaced (the same key's predecessor, an
-    /// evicted one), which the caller retires.
+    /// evicted one), which the caller decommissions.
     pub fn insert(&mut self, ep: Arc<Endpoint>) -> Vec<Arc<Endpoint>> {
         let inserted = self.cache.insert(ep.key.clone(), ep);
         inserted
@@ -370,7 +369,7 @@ mod tests {
             }
             displaced_total += displaced.len();
             for old in displaced {
-                assert!(old.retire(), "round {round}: retired twice");
+                assert!(old.decommission(), "round {round}: decommissioned twice");
                 assert_eq!(old.state(), State::Dead);
                 assert_eq!(Arc::strong_count(&old), 1, "round {round}: still shared");
             }
@@ -410,7 +409,7 @@ mod tests {
             "the kernel counts {kernel_end} QPs"
         );
         for ep in store.drain() {
-            assert!(ep.retire());
+            assert!(ep.decommission());
         }
         assert_eq!(tern_verbs::live_queue_pairs(), tern_before);
         assert_eq!(

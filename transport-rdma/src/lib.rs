@@ -30,10 +30,11 @@ mod worker;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use parking_lot::{Mutex, RwLock};
 use tern_engine::MemoryKind;
 use tern_engine::{
     BufferDesc, NicStats, PeerState, PeerStats, RegionInfo, SegmentDesc, Slice, TransferError,
@@ -49,7 +50,7 @@ pub use error::RdmaError;
 use endpoint::EndpointStore;
 use nic::{Nic, open_nics};
 use route::Health;
-use shared::{NicSlot, RouteCache, Shared, lock};
+use shared::{NicSlot, RouteCache, Shared};
 use topology::{NicInfo, build_matrix, numa_nodes, parse_matrix, read_matrix_file, restrict};
 use worker::{Job, Worker, worker_pair};
 
@@ -179,7 +180,7 @@ impl RdmaTransport {
         self.inner
             .running
             .get()
-            .map_or(0, |s| s.nics.iter().map(|n| lock(&n.store).len()).sum())
+            .map_or(0, |s| s.nics.iter().map(|n| n.store.lock().len()).sum())
     }
 
     fn running(&self) -> Option<&Arc<Shared>> {
@@ -188,8 +189,7 @@ impl RdmaTransport {
 }
 
 /// Fewer CPUs than this near a NIC and workers are left to the scheduler: pinned to one of
-/// two or three CPUs, a worker keeps colliding with the application's own threads (measured
-/// on 2 vCPUs: 4 KiB latency several times worse pinned).
+/// two or three CPUs, a worker keeps colliding with the application's own threads.
 const MIN_CPUS_TO_PIN: usize = 4;
 
 /// The CPU for worker `slot` of a NIC on `node`: counted from the last CPU of the node, so
@@ -213,7 +213,9 @@ fn worker_cpu(node: Option<u32>, slot: usize) -> Option<usize> {
 
 impl Inner {
     fn start(&self, context: TransportContext) -> Result<(), RdmaError> {
-        let nics = lock(&self.pending)
+        let nics = self
+            .pending
+            .lock()
             .take()
             .ok_or(RdmaError::State("the RDMA transport was started twice"))?;
         let config = &self.config;
@@ -300,7 +302,7 @@ impl Inner {
             .name("tern-rdma-monitor".into())
             .spawn(move || monitor(&watched))
             .map_err(|_| RdmaError::State("cannot start the RDMA monitor thread"))?;
-        *lock(&self.monitor) = Some(monitor);
+        *self.monitor.lock() = Some(monitor);
         self.running
             .set(shared)
             .map_err(|_| RdmaError::State("the RDMA transport was started twice"))
@@ -313,7 +315,7 @@ impl Inner {
         if shared.stopping.swap(true, Ordering::AcqRel) {
             return;
         }
-        if let Some(monitor) = lock(&self.monitor).take() {
+        if let Some(monitor) = self.monitor.lock().take() {
             monitor.thread().unpark();
             let _ = monitor.join();
         }
@@ -323,9 +325,9 @@ impl Inner {
             }
         }
         for slot in &shared.nics {
-            let endpoints = lock(&slot.store).drain();
+            let endpoints = slot.store.lock().drain();
             for ep in endpoints {
-                ep.retire();
+                ep.decommission();
             }
         }
     }
@@ -358,7 +360,10 @@ fn monitor(shared: &Shared) {
             }
         }
         if shared.maybe_paused.load(Ordering::Relaxed)
-            && !lock(&shared.health).anything_paused(std::time::Instant::now())
+            && !shared
+                .health
+                .lock()
+                .anything_paused(std::time::Instant::now())
         {
             // Every pause ran out: routing can skip the health lookups again.
             shared.maybe_paused.store(false, Ordering::Relaxed);
@@ -426,21 +431,13 @@ impl Transport for RdmaTransport {
             len: region.len,
             message: format!("registering on {:?}: {message}", shared.names),
         })?;
-        shared
-            .keys
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(region.addr, Arc::new(keys));
+        shared.keys.write().insert(region.addr, Arc::new(keys));
         Ok(())
     }
 
     fn unregister_memory(&self, region: &RegionInfo) {
         if let Some(shared) = self.running() {
-            shared
-                .keys
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&region.addr);
+            shared.keys.write().remove(&region.addr);
         }
     }
 
@@ -467,7 +464,7 @@ impl Transport for RdmaTransport {
             .collect();
         let names: Vec<String> = nics.iter().map(|&i| shared.names[i].clone()).collect();
         desc.priority_matrix = Some(restrict(&shared.matrix, &names));
-        let keys = shared.keys.read().unwrap_or_else(|p| p.into_inner());
+        let keys = shared.keys.read();
         let pick = |all: &[u32]| -> Vec<u32> {
             nics.iter().filter_map(|&i| all.get(i).copied()).collect()
         };
@@ -572,7 +569,7 @@ impl Transport for RdmaTransport {
         // Per peer server: (ready endpoints, connecting endpoints).
         let mut peers: std::collections::BTreeMap<String, (usize, usize)> = Default::default();
         for slot in &shared.nics {
-            for ep in lock(&slot.store).endpoints() {
+            for ep in slot.store.lock().endpoints() {
                 let server = ep.key.rsplit_once('@').map_or(&*ep.key, |(s, _)| s);
                 let entry = peers.entry(server.to_owned()).or_default();
                 match ep.state() {
@@ -582,14 +579,14 @@ impl Transport for RdmaTransport {
                 }
             }
         }
-        let errors = lock(&shared.last_errors).clone();
+        let errors = shared.last_errors.lock().clone();
         for server in errors.keys() {
             peers.entry(server.clone()).or_default();
         }
         // Per peer server: (bytes, slices), summed over every worker.
         let mut moved: HashMap<String, (u64, u64)> = HashMap::new();
         for worker in shared.nics.iter().flat_map(|slot| &slot.workers) {
-            for (server, counters) in lock(&worker.counters.peers).iter() {
+            for (server, counters) in worker.counters.peers.lock().iter() {
                 peers.entry(server.clone()).or_default();
                 let entry = moved.entry(server.clone()).or_default();
                 let (bytes, slices) = counters.get();

@@ -2,8 +2,9 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tern_engine::{LocalCounter, MovedCounter};
 
 use tern_verbs::{
@@ -28,7 +29,6 @@ impl WorkerCounters {
     pub fn peer(&self, server: &str) -> Arc<MovedCounter> {
         self.peers
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .entry(server.to_owned())
             .or_default()
             .clone()
@@ -38,7 +38,6 @@ impl WorkerCounters {
     pub fn moved(&self) -> (u64, u64) {
         self.peers
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .values()
             .fold((0, 0), |(bytes, slices), peer| {
                 let (peer_bytes, peer_slices) = peer.get();

@@ -120,7 +120,7 @@ fn tern_connects_to_a_peer_that_answers_the_golden_frames() {
 
     // Tern's frames carry the recorded keys (plus its MTU and PSN, which Mooncake ignores),
     // in the recorded order of events: the request, then the ready ACK with the same QPs.
-    let exchanges = standin.exchanges.lock().unwrap().clone();
+    let exchanges = standin.exchanges.lock().clone();
     assert_eq!(
         exchanges.len(),
         2,

@@ -439,17 +439,18 @@ fn striping_uses_both_nics() {
     node.verdict(Ok(()));
 }
 
-/// Brings a link back up when dropped, whatever happened meanwhile.
-struct LinkDown(&'static str);
+/// Holds a network interface down; brings it back up when dropped, whatever happened
+/// meanwhile.
+struct InterfaceDown(&'static str);
 
-impl LinkDown {
+impl InterfaceDown {
     fn new(interface: &'static str) -> Self {
         ip_link(interface, "down");
         Self(interface)
     }
 }
 
-impl Drop for LinkDown {
+impl Drop for InterfaceDown {
     fn drop(&mut self) {
         ip_link(self.0, "up");
     }
@@ -523,7 +524,7 @@ fn failover_when_a_link_goes_down_mid_transfer() {
     }
     let before_down = started.elapsed();
     let gid_before = chosen_gid("rxe1").expect("rxe1 has a usable GID");
-    let link = LinkDown::new("tern1");
+    let link = InterfaceDown::new("tern1");
     let down_at = Instant::now();
     let at_down = batch.status();
     let stats_at_down = stats.nic_stats();
@@ -920,7 +921,7 @@ fn a_read_stalled_by_a_lost_link_is_cut_off_at_its_deadline() {
         );
         node.wait_for("connected");
         let gid_before = chosen_gid("rxe1").expect("rxe1 has a usable GID");
-        let link = LinkDown::new("tern1");
+        let link = InterfaceDown::new("tern1");
         node.note("tern1 down");
         node.publish("down", "");
         node.wait_for("returned");

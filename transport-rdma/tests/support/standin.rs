@@ -4,9 +4,10 @@
 //! GID, path and QP numbers in place of the recorded ones), and a way to send the golden
 //! active-side frames to a Tern node.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tern_memreg::nic::{NicKeys, register_on_devices};
 use tern_memreg::{AlignedBuffer, MemoryRegistry, Region, RegionPin};
@@ -250,10 +251,10 @@ impl StandIn {
                             reply["peer_nic_path"] = request["local_nic_path"].clone();
                             reply["qp_num"] =
                                 json!(qps.iter().map(StandinQp::qp_num).collect::<Vec<_>>());
-                            connected.lock().unwrap().extend(qps);
+                            connected.lock().extend(qps);
                             wire(&reply)
                         };
-                        exchanges.lock().unwrap().push((text, reply.clone()));
+                        exchanges.lock().push((text, reply.clone()));
                         reply
                     }
                     _ => return Err(format!("the stand-in does not answer {ty:?}")),

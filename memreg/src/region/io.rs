@@ -1,0 +1,225 @@
+//! Streams that region memory is read into and written from without a Rust reference to
+//! it: sockets by `recv(2)` and `sendmsg(2)` straight into and out of a slice, anything
+//! else through a bounce buffer.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+
+use super::{RegionPin, RegionSlice};
+
+impl RegionPin {
+    fn slice_io(&self, addr: usize, len: usize) -> io::Result<RegionSlice<'_>> {
+        self.slice(addr, len)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
+    }
+
+    /// Fills `[addr, addr + len)` straight from `source` (no staging copy for sockets).
+    pub fn read_exact_from(
+        &self,
+        addr: usize,
+        len: usize,
+        source: &mut impl RegionIo,
+    ) -> io::Result<()> {
+        let mut rest = self.slice_io(addr, len)?;
+        while !rest.is_empty() {
+            match source.read_into(rest) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => rest = rest.skip(n.min(rest.len())),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `prefix` and then `[addr, addr + len)` to `sink`, gathered into as few system
+    /// calls as it allows (a request header and its body in one packet).
+    pub fn write_prefixed_to(
+        &self,
+        prefix: &[u8],
+        addr: usize,
+        len: usize,
+        sink: &mut impl RegionIo,
+    ) -> io::Result<()> {
+        let (mut head, mut body) = (prefix, self.slice_io(addr, len)?);
+        while !head.is_empty() || !body.is_empty() {
+            let written = match sink.write_from(head, body) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            let from_head = written.min(head.len());
+            head = &head[from_head..];
+            body = body.skip((written - from_head).min(body.len()));
+        }
+        Ok(())
+    }
+}
+
+impl RegionSlice<'_> {
+    /// One `recv(2)` from `fd` into the slice; returns the bytes received (0: end of stream).
+    pub fn recv_from(&self, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        // SAFETY: the kernel writes at most `len` bytes at `ptr`, all inside the pinned region
+        // (valid for writes while pinned); no Rust reference to those bytes exists.
+        let got = unsafe { libc::recv(fd.as_raw_fd(), self.ptr.as_ptr().cast(), self.len, 0) };
+        if got < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(got as usize)
+    }
+
+    /// One `sendmsg(2)` of `prefix` and then the slice to `fd` (without SIGPIPE); returns the
+    /// bytes sent, prefix included.
+    pub fn send_to(&self, fd: BorrowedFd<'_>, prefix: &[u8]) -> io::Result<usize> {
+        let mut iov = [
+            libc::iovec {
+                iov_base: prefix.as_ptr().cast_mut().cast(),
+                iov_len: prefix.len(),
+            },
+            libc::iovec {
+                iov_base: self.ptr.as_ptr().cast(),
+                iov_len: self.len,
+            },
+        ];
+        let skip = usize::from(prefix.is_empty());
+        // SAFETY: msghdr is plain data; zero is valid (no name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov[skip..].as_mut_ptr();
+        msg.msg_iovlen = 2 - skip;
+        // SAFETY: both iovecs describe readable memory for the call's duration: `prefix` is
+        // borrowed, the slice lies in the pinned region; the kernel only reads them.
+        let sent = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(sent as usize)
+    }
+}
+
+/// A byte stream that registered memory is read into and written from without a Rust
+/// reference to it: sockets through [`RegionSlice::recv_from`] and
+/// [`RegionSlice::send_to`], anything else through [`Staged`]'s bounce buffer.
+pub trait RegionIo {
+    /// Reads some bytes into `dst`; returns how many (0 at end of stream).
+    fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize>;
+
+    /// Writes `prefix` and then `src`, as much as one call takes; returns how many bytes.
+    fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize>;
+}
+
+impl RegionIo for std::net::TcpStream {
+    fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize> {
+        dst.recv_from(self.as_fd())
+    }
+
+    fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {
+        src.send_to(self.as_fd(), prefix)
+    }
+}
+
+impl RegionIo for std::os::unix::net::UnixStream {
+    fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize> {
+        dst.recv_from(self.as_fd())
+    }
+
+    fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {
+        src.send_to(self.as_fd(), prefix)
+    }
+}
+
+/// Any `Read + Write` as a [`RegionIo`], through a bounce buffer: one more copy, for tests,
+/// fuzzing and in-memory streams.
+#[derive(Debug)]
+pub struct Staged<T> {
+    /// The stream.
+    pub inner: T,
+    bounce: Vec<u8>,
+}
+
+impl<T> Staged<T> {
+    /// Wraps `inner`.
+    pub fn new(inner: T) -> Self {
+        Self {
+            inner,
+            bounce: Vec::new(),
+        }
+    }
+}
+
+/// The bounce buffer's size: bytes moved per call.
+const BOUNCE: usize = 64 << 10;
+
+impl<T: Read> Read for Staged<T> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+impl<T: Write> Write for Staged<T> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<T: Read + Write> RegionIo for Staged<T> {
+    fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize> {
+        self.bounce.resize(dst.len().min(BOUNCE), 0);
+        let got = self.inner.read(&mut self.bounce)?;
+        Ok(dst.copy_from(&self.bounce[..got]))
+    }
+
+    fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {
+        if !prefix.is_empty() {
+            return self.inner.write(prefix);
+        }
+        self.bounce.resize(src.len().min(BOUNCE), 0);
+        let n = src.copy_to(&mut self.bounce);
+        self.inner.write(&self.bounce[..n])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buffer::AlignedBuffer;
+    use crate::region::{MemoryError, MemoryRegistry, Region};
+
+    fn owned(len: usize, remote: bool) -> Region {
+        Region::owned(AlignedBuffer::new(len).unwrap(), "cpu:0", remote)
+    }
+
+    #[test]
+    fn pinned_access_is_range_checked_and_moves_bytes() {
+        let registry = MemoryRegistry::new();
+        let region = registry.register(owned(4096, true)).unwrap();
+        let base = region.addr();
+        let pin = registry.pin(base, 4096).unwrap();
+        pin.copy_from_slice(base + 100, b"hello").unwrap();
+        let mut out = [0u8; 5];
+        pin.copy_to_slice(base + 100, &mut out).unwrap();
+        assert_eq!(&out, b"hello");
+        let mut sink = Staged::new(std::io::Cursor::new(Vec::new()));
+        pin.write_prefixed_to(b">", base + 100, 5, &mut sink)
+            .unwrap();
+        assert_eq!(sink.inner.get_ref(), b">hello");
+        let mut source = Staged::new(std::io::Cursor::new(b"world!".to_vec()));
+        pin.read_exact_from(base + 4090, 6, &mut source).unwrap();
+        pin.copy_to_slice(base + 4090, &mut out).unwrap();
+        assert_eq!(&out, b"world");
+        assert!(matches!(
+            pin.copy_from_slice(base + 4095, b"xy"),
+            Err(MemoryError::OutOfRange { .. })
+        ));
+        assert!(
+            pin.write_prefixed_to(&[], usize::MAX, 2, &mut sink)
+                .is_err()
+        );
+        assert!(pin.slice(base - 1, 1).is_err());
+        assert!(pin.slice(base, usize::MAX).is_err());
+    }
+}
