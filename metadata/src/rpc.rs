@@ -435,16 +435,9 @@ fn serve_connection(
     me: &Identity,
 ) {
     let peer = served.peer.clone();
-    let mut first = [0u8; 1];
-    match served.await_frame(&mut first) {
-        Ok(1..) => {}
-        // A bare connect-and-close (a port probe, or the shutdown wake-up) is no refusal.
-        Ok(0) => return,
-        Err(e) => {
-            tracing::warn!("handshake from {peer}: {e} before its request; dropping it");
-            return;
-        }
-    }
+    let Some(first) = served.await_opening_byte("handshake") else {
+        return;
+    };
     // The whole request — the authentication exchange included — is bound by one deadline
     // from its first byte.
     let mut frame = served.frame();

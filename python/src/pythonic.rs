@@ -78,7 +78,7 @@ impl Engine {
             batch,
             open,
             segments,
-            retired: Mutex::new(false),
+            segments_dropped: Mutex::new(false),
         })
     }
 }
@@ -452,7 +452,7 @@ pub(crate) struct PyBatch {
     open: Arc<Open>,
     segments: Vec<SegmentId>,
     /// Whether the failure has dropped the segments (once).
-    retired: Mutex<bool>,
+    segments_dropped: Mutex<bool>,
 }
 
 fn state_name(status: &TransferStatus) -> &'static str {
@@ -469,9 +469,9 @@ fn state_name(status: &TransferStatus) -> &'static str {
 impl PyBatch {
     /// After a failure, forgets the segments involved, so their next use fetches them again.
     fn drop_segments(&self) {
-        let mut retired = self.retired.lock();
-        if !*retired {
-            *retired = true;
+        let mut dropped = self.segments_dropped.lock();
+        if !*dropped {
+            *dropped = true;
             for segment in &self.segments {
                 let _ = self.open.core.engine.close_segment(*segment);
             }

@@ -1,9 +1,9 @@
 //! The stand-in CUDA driver (`tern-cuda-standin`), for tests of device memory on machines
 //! without a GPU.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 
 /// Set to `1` (by the GPU bundle's `run.sh`) to run the device-memory tests on the real
 /// CUDA driver and GPU instead of the stand-in.
@@ -29,7 +29,7 @@ static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
 /// `target/<profile>/`), built first with cargo if it is not there yet. Panics with the
 /// reason when it cannot be built: a test that needs it cannot go on.
 pub fn standin_driver() -> PathBuf {
-    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    let mut built = BUILT.lock();
     if let Some(path) = built.as_ref() {
         return path.clone();
     }

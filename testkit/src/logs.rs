@@ -1,8 +1,9 @@
 //! The log lines of the test process itself, for tests that assert what a refusal logged:
 //! installs a `tracing` subscriber that keeps every line in memory.
 
+use parking_lot::Mutex;
 use std::io::Write;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 fn lines() -> &'static Mutex<Vec<u8>> {
@@ -23,10 +24,7 @@ struct Sink(Arc<Mutex<Vec<u8>>>);
 
 impl Write for Sink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(buf);
+        self.0.lock().extend_from_slice(buf);
         Ok(buf.len())
     }
 
@@ -44,7 +42,7 @@ pub fn capture() {
 /// more for a second line that should not be there.
 pub fn mentioning(needle: &str) -> Vec<String> {
     let collect = || {
-        String::from_utf8_lossy(&lines().lock().unwrap_or_else(|p| p.into_inner()))
+        String::from_utf8_lossy(&lines().lock())
             .lines()
             .filter(|l| l.contains(needle))
             .map(str::to_owned)

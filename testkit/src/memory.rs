@@ -4,7 +4,7 @@
 //! not a data race; and it is leaked, so that even a failing test never frees memory that a
 //! device may still write.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -23,7 +23,7 @@ impl Watched {
     pub fn zeroed(len: usize) -> Self {
         let words: Vec<AtomicU64> = (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
         let words: &'static [AtomicU64] = Box::leak(words.into_boxed_slice());
-        KEPT.lock().unwrap_or_else(|p| p.into_inner()).push(words);
+        KEPT.lock().push(words);
         Self { words }
     }
 

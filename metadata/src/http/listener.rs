@@ -46,15 +46,9 @@ pub(super) fn serve_http(
 
 fn serve_one(mut served: Served, answer: &impl Fn(HttpRequest) -> Reply) {
     let peer = served.peer.clone();
-    let mut first = [0u8; 1];
-    match served.await_frame(&mut first) {
-        Ok(1..) => {}
-        Ok(0) => return,
-        Err(e) => {
-            tracing::warn!("http: {peer}: {e} before its request");
-            return;
-        }
-    }
+    let Some(first) = served.await_opening_byte("http request") else {
+        return;
+    };
     let Ok(mut writer) = served.stream.try_clone() else {
         return;
     };

@@ -124,6 +124,24 @@ impl<S: Read> Served<S> {
         }
     }
 
+    /// The first byte of a connection's first request, or `None` when there is none to serve:
+    /// the peer closed before sending one (a bare connect-and-close, a port probe, the
+    /// shutdown wake-up: no refusal, nothing logged), or the wait failed (logged as `what`'s).
+    pub fn await_opening_byte(&mut self, what: &str) -> Option<[u8; 1]> {
+        let mut first = [0u8; 1];
+        match self.await_frame(&mut first) {
+            Ok(1..) => Some(first),
+            Ok(0) => None,
+            Err(e) => {
+                tracing::warn!(
+                    "{what} from {}: {e} before its request; dropping it",
+                    self.peer
+                );
+                None
+            }
+        }
+    }
+
     /// The stream, read under a deadline of `frame_deadline` from now (or the opening's end,
     /// if that comes first): what a handler reads the rest of a frame through.
     pub fn frame(&mut self) -> DeadlineRead<'_, S> {

@@ -55,7 +55,7 @@ impl MooncakeEngine {
     }
 
     /// Drops the cached segment of a failed batch and frees the batch once it is idle.
-    fn retire(state: &Initialized, entry: &AsyncBatch, failed: bool) {
+    fn release(state: &Initialized, entry: &AsyncBatch, failed: bool) {
         if failed {
             let _ = state.core.engine.close_segment(entry.segment);
         }
@@ -121,15 +121,15 @@ impl MooncakeEngine {
                     .map(|failure| (*id, failure))
             })
         });
-        let retired: Vec<AsyncBatch> = {
+        let finished: Vec<AsyncBatch> = {
             let mut batches = state.batches.lock();
             batch_ids
                 .iter()
                 .filter_map(|id| batches.remove(id))
                 .collect()
         };
-        for entry in &retired {
-            Self::retire(&state, entry, failure.is_some());
+        for entry in &finished {
+            Self::release(&state, entry, failure.is_some());
         }
         match failure {
             None => 0,
@@ -179,10 +179,10 @@ impl MooncakeEngine {
                 },
             },
         };
-        // Bound first: the guard is dropped before the batch is retired.
+        // Bound first: the guard is dropped before the batch is released.
         let entry = state.batches.lock().remove(&batch_id);
         if let Some(entry) = entry {
-            Self::retire(&state, &entry, code != 1);
+            Self::release(&state, &entry, code != 1);
         }
         if let Some(failure) = failure {
             log_failure(
