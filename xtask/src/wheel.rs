@@ -334,10 +334,7 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
     };
     let python_row =
         |case: &str, protocol: &str| python_output(bench_py(&python, case, protocol, &[]), case);
-    let mooncake_row = |case: &str| -> Result<Option<String>, String> {
-        let Some(mooncake) = &mooncake else {
-            return Ok(None);
-        };
+    let mooncake_row = |mooncake: &MooncakePython, case: &str| {
         let extra = [
             "--module".to_owned(),
             "mooncake".to_owned(),
@@ -347,7 +344,7 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
         if let Some(path) = &mooncake.library_path {
             command.env("LD_LIBRARY_PATH", path);
         }
-        python_output(command, case).map(Some)
+        python_output(command, case)
     };
     let number = crate::json_number;
     // Interleaved, so that a slow moment of the machine hits both sides alike; the latency
@@ -397,12 +394,12 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
     // Mooncake's module beside the drop-in: the same lists over TCP to the same kind of
     // target, and the 128 x 64 KiB batches; each round alternates the two.
     let mut mooncake_rounds: Vec<[f64; 4]> = Vec::new();
-    if mooncake.is_some() {
+    if let Some(mooncake) = &mooncake {
         for _ in 0..ROUNDS {
             let tern_descriptors = python_row("descriptors", "tcp")?;
-            let mooncake_descriptors = mooncake_row("descriptors")?.unwrap_or_default();
+            let mooncake_descriptors = mooncake_row(mooncake, "descriptors")?;
             let tern_throughput = python_row("throughput", "tcp")?;
-            let mooncake_throughput = mooncake_row("throughput")?.unwrap_or_default();
+            let mooncake_throughput = mooncake_row(mooncake, "throughput")?;
             mooncake_rounds.push([
                 number(&tern_descriptors, "p50_lists_us").ok_or("no drop-in p50 (tcp)")?,
                 number(&mooncake_descriptors, "p50_lists_us").ok_or("no Mooncake p50")?,
