@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tern_engine::{
-    BatchState, EngineStats, OwnedBuffer, SegmentId, TransferEngine, TransferRequest,
+    BatchState, BatchStatus, EngineStats, OwnedBuffer, SegmentId, TransferEngine, TransferRequest,
 };
 
 use crate::cpu::{cpu_seconds, idle_cpu};
@@ -150,6 +150,14 @@ fn show_progress(ctx: &Shared<'_>, started: Instant, run_for: Duration) {
     }
 }
 
+/// Where a batch's time went.
+struct Timings {
+    /// In `submit`.
+    submit: Duration,
+    /// From `allocate_batch` until `wait` returned.
+    latency: Duration,
+}
+
 /// What the workers share.
 struct Shared<'a> {
     workload: Workload,
@@ -182,41 +190,20 @@ impl Shared<'_> {
         } else {
             None
         };
+        // One batch before the clock starts: the first transfer to a peer opens its
+        // connections or maps its memory, a cost no later batch pays.
+        self.workload.batch_offsets(args, thread, 0, &mut offsets);
+        self.requests_at(&offsets, len, &mut requests);
+        let warmed = self.one_batch(&requests);
+        // Past the barrier even on failure, or the thread that starts the clock waits forever.
         self.start.wait();
+        warmed?;
         while !self.stop.load(Ordering::Acquire) {
             self.workload
                 .batch_offsets(args, thread, round, &mut offsets);
-            requests.clear();
-            requests.extend(offsets.iter().map(|&offset| {
-                let local = self.local.addr() + offset;
-                let remote = self.remote_addr + offset as u64;
-                match args.operation {
-                    Operation::Read => TransferRequest::read(local, self.peer, remote, len),
-                    Operation::Write => TransferRequest::write(local, self.peer, remote, len),
-                }
-            }));
-            let began = Instant::now();
-            let batch = self
-                .engine
-                .allocate_batch(requests.len())
-                .map_err(|e| e.to_string())?;
-            let submitting = Instant::now();
-            self.engine
-                .submit(&batch, &requests)
-                .map_err(|e| format!("submit: {e}"))?;
-            outcome.submit_time += submitting.elapsed();
-            let status = batch.wait(Duration::from_secs(600));
-            let latency = began.elapsed();
-            if status.state != BatchState::Completed {
-                let reason = (0..status.submitted)
-                    .filter_map(|t| batch.task_status(t))
-                    .find(|s| {
-                        s.status.is_finished() && s.status != tern_engine::TransferStatus::Completed
-                    })
-                    .map_or_else(|| format!("{status:?}"), |s| s.status.to_string());
-                return Err(format!("batch did not complete: {reason}"));
-            }
-            self.engine.free_batch(&batch).map_err(|e| e.to_string())?;
+            self.requests_at(&offsets, len, &mut requests);
+            let (status, Timings { submit, latency }) = self.one_batch(&requests)?;
+            outcome.submit_time += submit;
             if args.verify {
                 self.verify(&offsets, &mut scratch, read_back.as_ref())?;
             }
@@ -229,6 +216,47 @@ impl Shared<'_> {
             round += 1;
         }
         Ok(outcome)
+    }
+
+    /// The workload's requests for one batch, at `offsets` on both sides.
+    fn requests_at(&self, offsets: &[usize], len: usize, requests: &mut Vec<TransferRequest>) {
+        requests.clear();
+        requests.extend(offsets.iter().map(|&offset| {
+            let local = self.local.addr() + offset;
+            let remote = self.remote_addr + offset as u64;
+            match self.args.operation {
+                Operation::Read => TransferRequest::read(local, self.peer, remote, len),
+                Operation::Write => TransferRequest::write(local, self.peer, remote, len),
+            }
+        }));
+    }
+
+    /// Allocates, submits, waits for and frees one batch; its status and timings, or why it
+    /// did not complete.
+    fn one_batch(&self, requests: &[TransferRequest]) -> Result<(BatchStatus, Timings), String> {
+        let began = Instant::now();
+        let batch = self
+            .engine
+            .allocate_batch(requests.len())
+            .map_err(|e| e.to_string())?;
+        let submitting = Instant::now();
+        self.engine
+            .submit(&batch, requests)
+            .map_err(|e| format!("submit: {e}"))?;
+        let submit = submitting.elapsed();
+        let status = batch.wait(Duration::from_secs(600));
+        let latency = began.elapsed();
+        if status.state != BatchState::Completed {
+            let reason = (0..status.submitted)
+                .filter_map(|t| batch.task_status(t))
+                .find(|s| {
+                    s.status.is_finished() && s.status != tern_engine::TransferStatus::Completed
+                })
+                .map_or_else(|| format!("{status:?}"), |s| s.status.to_string());
+            return Err(format!("batch did not complete: {reason}"));
+        }
+        self.engine.free_batch(&batch).map_err(|e| e.to_string())?;
+        Ok((status, Timings { submit, latency }))
     }
 
     /// Reads: the local block must hold the target's pattern. Writes: the block is read

@@ -16,6 +16,9 @@ use tern_engine::{
 };
 use tern_transport_shm::{ShmConfig, ShmTransport};
 use tern_transport_tcp::TcpTransport;
+#[path = "../../testkit/include/transfers.rs"]
+mod transfers;
+use transfers::run_to_completion;
 
 /// Three staging chunks and a ragged tail.
 const LEN: usize = 3 * tern_memreg::STAGE_CHUNK + 12_345;
@@ -49,21 +52,6 @@ fn register(engine: &TransferEngine, buffer: &DeviceBuffer, location: &str) {
         engine
             .register_memory(buffer.addr() as *mut u8, buffer.len(), location, true)
             .unwrap();
-    }
-}
-
-fn run(engine: &TransferEngine, requests: &[TransferRequest]) {
-    let batch = engine.allocate_batch(requests.len()).unwrap();
-    engine.submit(&batch, requests).unwrap();
-    batch.wait(Duration::from_secs(60));
-    for (task, request) in requests.iter().enumerate() {
-        let status = batch.task_status(task).unwrap();
-        assert_eq!(
-            status.status,
-            TransferStatus::Completed,
-            "task {task}: {status:?}"
-        );
-        assert_eq!(status.transferred_bytes, request.length as u64);
     }
 }
 
@@ -117,7 +105,7 @@ fn tcp_writes_and_reads_device_memory_on_both_sides() {
             )
         })
         .collect();
-    run(&initiator, &writes);
+    run_to_completion(&initiator, &writes);
     assert!(
         device_bytes(&target) == data,
         "the target's device memory holds other bytes"
@@ -135,7 +123,7 @@ fn tcp_writes_and_reads_device_memory_on_both_sides() {
             )
         })
         .collect();
-    run(&initiator, &reads);
+    run_to_completion(&initiator, &reads);
     assert!(
         device_bytes(&landing) == data,
         "the bytes read did not reach device memory"
@@ -165,14 +153,14 @@ fn host_memory_and_device_memory_meet_over_tcp() {
     register(&peer_engine, &target, "cuda:0");
     let peer = initiator.open_segment(peer_engine.segment_name()).unwrap();
     let at = remote_addr(&initiator, peer, LEN);
-    run(
+    run_to_completion(
         &initiator,
         &[TransferRequest::write(host.addr(), peer, at, LEN)],
     );
     assert!(device_bytes(&target) == data);
     let echo = pattern(LEN, 77);
     target.write(0, &echo).unwrap();
-    run(
+    run_to_completion(
         &initiator,
         &[TransferRequest::read(host.addr(), peer, at, LEN)],
     );
@@ -195,7 +183,7 @@ fn engines_of_one_process_copy_device_memory_with_the_gpu_over_the_same_host_tra
     let host_target = peer_engine.allocate(LEN / 2, "cpu:0").unwrap();
     let peer = initiator.open_segment(peer_engine.segment_name()).unwrap();
     let at = remote_addr(&initiator, peer, LEN);
-    run(
+    run_to_completion(
         &initiator,
         &[TransferRequest::write(
             source.addr() as usize,
@@ -206,7 +194,7 @@ fn engines_of_one_process_copy_device_memory_with_the_gpu_over_the_same_host_tra
     );
     assert!(device_bytes(&target) == data);
     // Device source, host target: a GPU copy too, within one process.
-    run(
+    run_to_completion(
         &initiator,
         &[TransferRequest::write(
             source.addr() as usize,

@@ -4,14 +4,11 @@
 #[path = "support/target.rs"]
 mod support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{Target, metadata_server};
+use support::{Target, initiator_through, metadata_server};
 use tern_testkit::etcd;
 use tern_testkit::etcd::{eventually, get, unique};
-
-const BENCH: &str = env!("CARGO_BIN_EXE_tern-bench");
 
 fn target(metadata: &str, name: &str, ttl_secs: &str) -> Target {
     let metadata = format!("--metadata_server={metadata}");
@@ -26,29 +23,13 @@ fn target(metadata: &str, name: &str, ttl_secs: &str) -> Target {
 }
 
 fn initiator(metadata: &str, segment: &str, operation: &str) -> serde_json::Value {
-    let output = Command::new(BENCH)
-        .args([
-            "--mode=initiator",
-            &format!("--metadata_server={metadata}"),
-            &format!("--local_server_name={}", unique("bench-initiator")),
-            &format!("--segment_id={segment}"),
-            &format!("--operation={operation}"),
-            "--buffer_size=16777216",
-            "--batch_size=8",
-            "--threads=1",
-            "--duration=0.5",
-            "--verify",
-            "--json",
-        ])
-        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "initiator: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    initiator_through(
+        metadata,
+        &unique("bench-initiator"),
+        segment,
+        operation,
+        "0.5",
+    )
 }
 
 #[test]

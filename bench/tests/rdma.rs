@@ -22,27 +22,40 @@ fn json_of(output: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"))
 }
 
+/// `tern-bench --mode=<mode> --protocol=rdma` on the test device with `args`, one thread for
+/// 2 s over an 8 MiB buffer, verifying every block: its JSON report, once it succeeded.
+fn verified_rdma_run(mode: &str, args: &[&str]) -> serde_json::Value {
+    let output = Command::new(BENCH)
+        .args([
+            &format!("--mode={mode}"),
+            "--protocol=rdma",
+            &format!("--device_name={}", device()),
+        ])
+        .args(args)
+        .args([
+            "--threads=1",
+            "--duration=2",
+            "--buffer_size=8388608",
+            "--verify",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    json_of(&output)
+}
+
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-bench --test rdma"]
 fn rdma_loopback_moves_verified_bytes() {
     for operation in ["read", "write"] {
-        let output = Command::new(BENCH)
-            .args([
-                "--mode=loopback",
-                "--protocol=rdma",
-                &format!("--device_name={}", device()),
+        let json = verified_rdma_run(
+            "loopback",
+            &[
                 &format!("--operation={operation}"),
                 "--block_size=65536",
                 "--batch_size=16",
-                "--threads=1",
-                "--duration=2",
-                "--buffer_size=8388608",
-                "--verify",
-                "--json",
-            ])
-            .output()
-            .unwrap();
-        let json = json_of(&output);
+            ],
+        );
         assert_eq!(json["protocol"], "rdma");
         assert!(json["bytes"].as_u64().unwrap() > 0, "{operation}: {json}");
     }
@@ -80,25 +93,16 @@ fn rdma_target_and_initiator_as_two_processes() {
         ],
         &[],
     );
-    let output = Command::new(BENCH)
-        .args([
-            "--mode=initiator",
-            "--protocol=rdma",
-            &device,
+    let json = verified_rdma_run(
+        "initiator",
+        &[
             "--local_server_name=127.0.0.1",
             &format!("--segment_id={}", target.segment),
             "--operation=write",
             "--block_size=1048576",
             "--batch_size=4",
-            "--threads=1",
-            "--duration=2",
-            "--buffer_size=8388608",
-            "--verify",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let json = json_of(&output);
+        ],
+    );
     assert!(json["bytes"].as_u64().unwrap() > 0, "{json}");
     let (status, said) = target.stop("TERM");
     assert!(status.success(), "{status}: {said}");

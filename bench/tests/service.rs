@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use support::{Reaped, Target, drain, metadata_server, send_signal};
+use support::{Reaped, Target, drain, initiator_through, metadata_server, send_signal};
 use tern_testkit::etcd;
 use tern_testkit::etcd::{get, unique};
 
@@ -21,30 +21,13 @@ const BENCH: &str = env!("CARGO_BIN_EXE_tern-bench");
 
 /// The real initiator binary against `segment` for `seconds`, verifying every block.
 fn initiator(metadata: &str, segment: &str, seconds: &str) -> serde_json::Value {
-    let output = Command::new(BENCH)
-        .args([
-            "--mode=initiator",
-            &format!("--metadata_server={metadata}"),
-            &format!("--local_server_name={}", unique("service-initiator")),
-            &format!("--segment_id={segment}"),
-            "--operation=read",
-            "--buffer_size=16777216",
-            "--batch_size=8",
-            "--threads=1",
-            &format!("--duration={seconds}"),
-            "--verify",
-            "--json",
-        ])
-        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "initiator: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    initiator_through(
+        metadata,
+        &unique("service-initiator"),
+        segment,
+        "read",
+        seconds,
+    )
 }
 
 /// Asserts a clean stop: exit status 0 and exactly one line saying which signal stopped it.

@@ -14,12 +14,14 @@ use std::time::{Duration, Instant};
 use support::{Target, target_byte, tern_bench};
 use tern_engine::{
     Batch, OwnedBuffer, SegmentId, TransferEngine, TransferError, TransferRequest, TransferStatus,
-    TransportStats,
 };
 use tern_metadata::MetadataStore;
 use tern_metadata::http::{HttpMetadataServer, HttpStore};
 use tern_transport_shm::{PtracePolicy, ShmConfig, ShmTransport};
 use tern_transport_tcp::TcpTransport;
+#[path = "../../testkit/include/transfers.rs"]
+mod transfers;
+use transfers::transport_stats;
 
 const MIB: usize = 1 << 20;
 
@@ -39,15 +41,6 @@ fn engine(memfd: bool) -> TransferEngine {
         }))
         .transport(TcpTransport::default())
         .build()
-        .unwrap()
-}
-
-fn stats(engine: &TransferEngine, protocol: &str) -> TransportStats {
-    engine
-        .stats()
-        .transports
-        .into_iter()
-        .find(|t| t.protocol == protocol)
         .unwrap()
 }
 
@@ -218,9 +211,9 @@ fn two_processes_move_bytes_both_ways_over_memfd_and_cross_memory_attach() {
             "{memory}: a block moved again and again came back changed"
         );
         moved += 16 * block as u64;
-        let shm = stats(&engine, "shm");
+        let shm = transport_stats(&engine, "shm");
         assert_eq!(shm.bytes, moved, "{memory}: {shm:?}");
-        assert_eq!(stats(&engine, "tcp").bytes, 0, "{memory}");
+        assert_eq!(transport_stats(&engine, "tcp").bytes, 0, "{memory}");
         assert_eq!(
             maps_memfd_of(target.child.id()),
             memfd,
@@ -508,9 +501,9 @@ fn a_target_in_another_network_namespace_is_not_same_host_even_when_its_descript
     let mut got = vec![0u8; MIB];
     local.read_at(0, &mut got).unwrap();
     assert!(got.iter().enumerate().all(|(i, b)| *b == target_byte(i)));
-    assert_eq!(stats(&initiator, "shm").slices, 0);
-    assert!(stats(&initiator, "shm").peers.is_empty());
-    let tcp_before = stats(&initiator, "tcp").bytes;
+    assert_eq!(transport_stats(&initiator, "shm").slices, 0);
+    assert!(transport_stats(&initiator, "shm").peers.is_empty());
+    let tcp_before = transport_stats(&initiator, "tcp").bytes;
     assert_eq!(tcp_before, MIB as u64);
 
     // The same target under a descriptor that claims this network namespace: shm tries,
@@ -531,9 +524,12 @@ fn a_target_in_another_network_namespace_is_not_same_host_even_when_its_descript
         })
         .collect();
     all_completed(&run(&initiator, &requests));
-    let shm = stats(&initiator, "shm");
+    let shm = transport_stats(&initiator, "shm");
     assert_eq!(shm.bytes, 0, "{shm:?}");
     let why = shm.peers[0].last_error.clone().unwrap_or_default();
     assert!(why.contains("cannot connect to its socket"), "{why}");
-    assert_eq!(stats(&initiator, "tcp").bytes, tcp_before + 4 * MIB as u64);
+    assert_eq!(
+        transport_stats(&initiator, "tcp").bytes,
+        tcp_before + 4 * MIB as u64
+    );
 }

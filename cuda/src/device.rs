@@ -4,7 +4,7 @@ use std::ffi::{c_uint, c_void};
 use std::marker::PhantomData;
 
 use crate::driver::{
-    CuContext, CuDevice, Driver, ERROR_INVALID_VALUE, MEMORYTYPE_HOST,
+    CuContext, CuDevice, CuResult, Driver, ERROR_INVALID_VALUE, MEMORYTYPE_HOST,
     POINTER_ATTRIBUTE_DEVICE_ORDINAL, POINTER_ATTRIBUTE_MEMORY_TYPE, driver,
 };
 use crate::error::CudaError;
@@ -93,6 +93,26 @@ impl Device {
             device: self,
             _thread: PhantomData,
         })
+    }
+
+    /// Runs one driver call with the device's context current on this thread and turns its
+    /// result code into an error naming `call`.
+    pub(crate) fn call(
+        &self,
+        call: &'static str,
+        driver_call: impl FnOnce() -> CuResult,
+    ) -> Result<(), CudaError> {
+        let _current = self.enter()?;
+        self.driver.check(call, driver_call())
+    }
+
+    /// Gives a driver resource back from a `Drop`, which cannot return an error: a failure
+    /// (including not entering the context, which leaves the resource to the driver's
+    /// teardown) is logged.
+    pub(crate) fn release(&self, call: &'static str, driver_call: impl FnOnce() -> CuResult) {
+        if let Err(e) = self.call(call, driver_call) {
+            tracing::warn!("{e}");
+        }
     }
 }
 

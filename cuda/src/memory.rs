@@ -19,11 +19,11 @@ impl Device {
     /// and `[dst, dst + len)` host memory valid for writes that nothing else reads or writes
     /// meanwhile.
     pub unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize) -> Result<(), CudaError> {
-        let _current = self.enter()?;
         // SAFETY: the caller guarantees both ranges (cuMemcpyDtoH writes exactly `len` bytes
         // at `dst` and reads `len` at `src`; it returns once the copy is done).
-        let code = unsafe { (self.driver.api.memcpy_dtoh)(dst.cast::<c_void>(), src, len) };
-        self.driver.check("cuMemcpyDtoH", code)
+        self.call("cuMemcpyDtoH", || unsafe {
+            (self.driver.api.memcpy_dtoh)(dst.cast::<c_void>(), src, len)
+        })
     }
 
     /// Copies `len` bytes of host memory at `src` to device memory at `dst`, synchronously.
@@ -38,11 +38,11 @@ impl Device {
         src: *const u8,
         len: usize,
     ) -> Result<(), CudaError> {
-        let _current = self.enter()?;
         // SAFETY: the caller guarantees both ranges; cuMemcpyHtoD is synchronous for pageable
         // and pinned sources alike (Driver API, "API synchronization behavior").
-        let code = unsafe { (self.driver.api.memcpy_htod)(dst, src.cast::<c_void>(), len) };
-        self.driver.check("cuMemcpyHtoD", code)
+        self.call("cuMemcpyHtoD", || unsafe {
+            (self.driver.api.memcpy_htod)(dst, src.cast::<c_void>(), len)
+        })
     }
 
     /// Copies `len` bytes between two ranges of device memory, synchronously.
@@ -52,6 +52,7 @@ impl Device {
     /// Both ranges must be device memory that stays allocated during the call; the caller may
     /// write `[dst, dst + len)`.
     pub unsafe fn copy_device(&self, dst: u64, src: u64, len: usize) -> Result<(), CudaError> {
+        // The context stays current for the wait on its default stream below.
         let _current = self.enter()?;
         // SAFETY: the caller guarantees both ranges.
         let code = unsafe { (self.driver.api.memcpy_dtod)(dst, src, len) };
@@ -70,21 +71,21 @@ impl Device {
 
     /// The whole allocation holding `addr`: its base and length (`cuMemGetAddressRange`).
     pub fn allocation_of(&self, addr: u64) -> Result<(u64, usize), CudaError> {
-        let _current = self.enter()?;
         let (mut base, mut len): (CuDevicePtr, usize) = (0, 0);
         // SAFETY: writes one CUdeviceptr and one size_t; reads no memory at `addr`.
-        let code = unsafe { (self.driver.api.mem_get_address_range)(&mut base, &mut len, addr) };
-        self.driver.check("cuMemGetAddressRange", code)?;
+        self.call("cuMemGetAddressRange", || unsafe {
+            (self.driver.api.mem_get_address_range)(&mut base, &mut len, addr)
+        })?;
         Ok((base, len))
     }
 
     /// Allocates `len` bytes of this device's memory (`cuMemAlloc`), freed on drop.
     pub fn allocate(&'static self, len: usize) -> Result<DeviceBuffer, CudaError> {
-        let _current = self.enter()?;
         let mut addr: CuDevicePtr = 0;
         // SAFETY: writes one CUdeviceptr.
-        let code = unsafe { (self.driver.api.mem_alloc)(&mut addr, len) };
-        self.driver.check("cuMemAlloc", code)?;
+        self.call("cuMemAlloc", || unsafe {
+            (self.driver.api.mem_alloc)(&mut addr, len)
+        })?;
         Ok(DeviceBuffer {
             device: self,
             addr,
@@ -151,14 +152,10 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let Ok(_current) = self.device.enter() else {
-            return;
-        };
+        let api = &self.device.driver.api;
         // SAFETY: the address came from cuMemAlloc and is freed once, here.
-        let code = unsafe { (self.device.driver.api.mem_free)(self.addr) };
-        if let Err(e) = self.device.driver.check("cuMemFree", code) {
-            tracing::warn!("{e}");
-        }
+        self.device
+            .release("cuMemFree", || unsafe { (api.mem_free)(self.addr) });
     }
 }
 
@@ -176,11 +173,11 @@ unsafe impl Send for Stream {}
 impl Stream {
     /// A new non-blocking stream on `device`.
     pub fn new(device: &'static Device) -> Result<Self, CudaError> {
-        let _current = device.enter()?;
         let mut raw: CuStream = std::ptr::null_mut();
         // SAFETY: writes one CUstream; the flags are documented values.
-        let code = unsafe { (device.driver.api.stream_create)(&mut raw, STREAM_NON_BLOCKING) };
-        device.driver.check("cuStreamCreate", code)?;
+        device.call("cuStreamCreate", || unsafe {
+            (device.driver.api.stream_create)(&mut raw, STREAM_NON_BLOCKING)
+        })?;
         Ok(Self { device, raw })
     }
 
@@ -198,12 +195,10 @@ impl Stream {
     /// synchronized). `dst` should be pinned ([`PinnedBuffer`]) for the copy to be
     /// asynchronous.
     pub unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize) -> Result<(), CudaError> {
-        let _current = self.device.enter()?;
         // SAFETY: the caller guarantees the ranges for the copy's whole duration.
-        let code = unsafe {
+        self.device.call("cuMemcpyDtoHAsync", || unsafe {
             (self.device.driver.api.memcpy_dtoh_async)(dst.cast::<c_void>(), src, len, self.raw)
-        };
-        self.device.driver.check("cuMemcpyDtoHAsync", code)
+        })
     }
 
     /// Enqueues a copy of `len` host bytes at `src` into device memory at `dst`.
@@ -218,28 +213,26 @@ impl Stream {
         src: *const u8,
         len: usize,
     ) -> Result<(), CudaError> {
-        let _current = self.device.enter()?;
         // SAFETY: the caller guarantees the ranges for the copy's whole duration.
-        let code = unsafe {
+        self.device.call("cuMemcpyHtoDAsync", || unsafe {
             (self.device.driver.api.memcpy_htod_async)(dst, src.cast::<c_void>(), len, self.raw)
-        };
-        self.device.driver.check("cuMemcpyHtoDAsync", code)
+        })
     }
 
     /// Records `event` after everything enqueued so far.
     pub fn record(&self, event: &Event) -> Result<(), CudaError> {
-        let _current = self.device.enter()?;
         // SAFETY: both handles are live and of this device's context.
-        let code = unsafe { (self.device.driver.api.event_record)(event.raw, self.raw) };
-        self.device.driver.check("cuEventRecord", code)
+        self.device.call("cuEventRecord", || unsafe {
+            (self.device.driver.api.event_record)(event.raw, self.raw)
+        })
     }
 
     /// Waits until everything enqueued so far is done.
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        let _current = self.device.enter()?;
         // SAFETY: the stream is live.
-        let code = unsafe { (self.device.driver.api.stream_synchronize)(self.raw) };
-        self.device.driver.check("cuStreamSynchronize", code)
+        self.device.call("cuStreamSynchronize", || unsafe {
+            (self.device.driver.api.stream_synchronize)(self.raw)
+        })
     }
 }
 
@@ -248,14 +241,11 @@ impl Drop for Stream {
         if let Err(e) = self.synchronize() {
             tracing::warn!("{e}");
         }
-        let Ok(_current) = self.device.enter() else {
-            return;
-        };
+        let api = &self.device.driver.api;
         // SAFETY: the stream is live, idle (synchronized above) and destroyed once, here.
-        let code = unsafe { (self.device.driver.api.stream_destroy)(self.raw) };
-        if let Err(e) = self.device.driver.check("cuStreamDestroy", code) {
-            tracing::warn!("{e}");
-        }
+        self.device.release("cuStreamDestroy", || unsafe {
+            (api.stream_destroy)(self.raw)
+        });
     }
 }
 
@@ -273,35 +263,32 @@ unsafe impl Send for Event {}
 impl Event {
     /// A new event on `device` (no timing: a fence only).
     pub fn new(device: &'static Device) -> Result<Self, CudaError> {
-        let _current = device.enter()?;
         let mut raw: CuEvent = std::ptr::null_mut();
         // SAFETY: writes one CUevent; the flag is a documented value.
-        let code = unsafe { (device.driver.api.event_create)(&mut raw, EVENT_DISABLE_TIMING) };
-        device.driver.check("cuEventCreate", code)?;
+        device.call("cuEventCreate", || unsafe {
+            (device.driver.api.event_create)(&mut raw, EVENT_DISABLE_TIMING)
+        })?;
         Ok(Self { device, raw })
     }
 
     /// Waits until the work before the event's last record is done (at once if never
     /// recorded: cuEventSynchronize on an unrecorded event returns success).
     pub fn synchronize(&self) -> Result<(), CudaError> {
-        let _current = self.device.enter()?;
         // SAFETY: the event is live.
-        let code = unsafe { (self.device.driver.api.event_synchronize)(self.raw) };
-        self.device.driver.check("cuEventSynchronize", code)
+        self.device.call("cuEventSynchronize", || unsafe {
+            (self.device.driver.api.event_synchronize)(self.raw)
+        })
     }
 }
 
 impl Drop for Event {
     fn drop(&mut self) {
-        let Ok(_current) = self.device.enter() else {
-            return;
-        };
+        let api = &self.device.driver.api;
         // SAFETY: the event is live and destroyed once, here (cuEventDestroy may be called
         // while recorded work is pending; its resources go once the work is done).
-        let code = unsafe { (self.device.driver.api.event_destroy)(self.raw) };
-        if let Err(e) = self.device.driver.check("cuEventDestroy", code) {
-            tracing::warn!("{e}");
-        }
+        self.device.release("cuEventDestroy", || unsafe {
+            (api.event_destroy)(self.raw)
+        });
     }
 }
 
@@ -321,14 +308,12 @@ unsafe impl Send for PinnedBuffer {}
 impl PinnedBuffer {
     /// `len` bytes of pinned memory, zeroed, usable by every context (portable).
     pub fn new(device: &'static Device, len: usize) -> Result<Self, CudaError> {
-        let _current = device.enter()?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: writes one pointer to `len` bytes of host memory owned by the caller until
         // cuMemFreeHost.
-        let code = unsafe {
+        device.call("cuMemHostAlloc", || unsafe {
             (device.driver.api.mem_host_alloc)(&mut ptr, len.max(1), MEMHOSTALLOC_PORTABLE)
-        };
-        device.driver.check("cuMemHostAlloc", code)?;
+        })?;
         let ptr = ptr.cast::<u8>();
         // SAFETY: the allocation holds `len` writable bytes; nothing else knows it yet.
         unsafe { std::ptr::write_bytes(ptr, 0, len) };
@@ -367,13 +352,10 @@ impl PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
-        let Ok(_current) = self.device.enter() else {
-            return;
-        };
+        let api = &self.device.driver.api;
+        let ptr = self.ptr.cast::<c_void>();
         // SAFETY: the pointer came from cuMemHostAlloc and is freed once, here.
-        let code = unsafe { (self.device.driver.api.mem_free_host)(self.ptr.cast::<c_void>()) };
-        if let Err(e) = self.device.driver.check("cuMemFreeHost", code) {
-            tracing::warn!("{e}");
-        }
+        self.device
+            .release("cuMemFreeHost", || unsafe { (api.mem_free_host)(ptr) });
     }
 }

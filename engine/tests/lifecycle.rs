@@ -5,16 +5,69 @@
 use std::time::{Duration, Instant};
 
 use tern_engine::{
-    BatchState, EngineError, RegisterRaw, SegmentId, TransferEngine, TransferError,
-    TransferRequest, TransferStatus,
+    Batch, BatchState, EngineError, OwnedBuffer, RegisterRaw, SegmentId, Slice, TransferEngine,
+    TransferError, TransferRequest, TransferStatus,
 };
 
 #[path = "support/holding.rs"]
 mod holding;
 use holding::HoldingTransport;
+// Memory registered raw, as an application's own; what watches it is not needed here.
+#[allow(dead_code)]
+#[path = "../../testkit/include/local.rs"]
+mod local;
+use local::Local;
 
 fn engine() -> (TransferEngine, HoldingTransport) {
     holding::holding_engine()
+}
+
+/// Two 8 KiB reads within 64 KiB of the test's own memory, registered raw, submitted in one
+/// batch: the memory's address and the batch.
+fn two_reads_of_own_memory(engine: &TransferEngine) -> (usize, Batch) {
+    let base = Local::register(engine, 1 << 16).addr();
+    let batch = engine.allocate_batch(2).unwrap();
+    let req = TransferRequest::read(base, SegmentId::LOCAL, base as u64 + 32768, 8192);
+    engine.submit(&batch, &[req, req]).unwrap();
+    (base, batch)
+}
+
+/// A 100-byte write from the start of a new 64 KiB buffer to `offset` in it, alone in a
+/// batch: the buffer (kept while the write may run), the request and its batch.
+fn a_write_within_one_buffer(
+    engine: &TransferEngine,
+    offset: u64,
+) -> (OwnedBuffer, TransferRequest, Batch) {
+    let buffer = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(1).unwrap();
+    let request = TransferRequest::write(
+        buffer.addr(),
+        SegmentId::LOCAL,
+        buffer.addr() as u64 + offset,
+        100,
+    );
+    engine.submit(&batch, &[request]).unwrap();
+    (buffer, request, batch)
+}
+
+/// Writes of `lens` bytes between two new buffers of `engine`, submitted in one batch: the
+/// batch, the slices the transport holds for them, and the buffers (kept while they run).
+fn held_writes(
+    engine: &TransferEngine,
+    transport: &HoldingTransport,
+    lens: &[usize],
+) -> (Batch, Vec<Slice>, [OwnedBuffer; 2]) {
+    let local = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let remote = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let batch = engine.allocate_batch(lens.len()).unwrap();
+    let requests: Vec<TransferRequest> = lens
+        .iter()
+        .map(|&len| {
+            TransferRequest::write(local.addr(), SegmentId::LOCAL, remote.addr() as u64, len)
+        })
+        .collect();
+    engine.submit(&batch, &requests).unwrap();
+    (batch, transport.take(), [local, remote])
 }
 
 #[test]
@@ -56,10 +109,7 @@ fn registration_rejects_zero_length_overlap_and_unknown_addresses() {
 #[test]
 fn unregister_and_free_are_refused_while_a_task_is_in_flight() {
     let (engine, transport) = engine();
-    let mut memory = vec![0u8; 1 << 16];
-    let base = memory.as_mut_ptr() as usize;
-    // SAFETY: `memory` outlives the registration, which is undone before it drops.
-    unsafe { engine.register_memory(memory.as_mut_ptr(), memory.len(), "cpu:0", true) }.unwrap();
+    let base = Local::register(&engine, 1 << 16).addr();
     let target = engine.allocate(1 << 16, "cpu:0").unwrap();
     let batch = engine.allocate_batch(4).unwrap();
     engine
@@ -102,19 +152,12 @@ fn unregister_and_free_are_refused_while_a_task_is_in_flight() {
     );
     engine.free_batch(&batch).unwrap();
     engine.unregister_memory(base).unwrap();
-    drop(memory);
 }
 
 #[test]
 fn cancel_returns_once_the_slices_are_cut_off_and_the_memory_is_free() {
     let (engine, transport) = engine();
-    let mut memory = vec![0u8; 1 << 16];
-    let base = memory.as_mut_ptr() as usize;
-    // SAFETY: `memory` outlives the registration, which is undone before it drops.
-    unsafe { engine.register_memory(memory.as_mut_ptr(), memory.len(), "cpu:0", true) }.unwrap();
-    let batch = engine.allocate_batch(2).unwrap();
-    let req = TransferRequest::read(base, SegmentId::LOCAL, base as u64 + 32768, 8192);
-    engine.submit(&batch, &[req, req]).unwrap();
+    let (base, batch) = two_reads_of_own_memory(&engine);
     assert_eq!(batch.cancel(), 2);
     assert!(transport.take().is_empty(), "cancel cut every slice off");
     assert_eq!(
@@ -124,7 +167,6 @@ fn cancel_returns_once_the_slices_are_cut_off_and_the_memory_is_free() {
     assert_eq!(batch.status().state, BatchState::Failed);
     engine.free_batch(&batch).unwrap();
     engine.unregister_memory(base).unwrap();
-    drop(memory);
 }
 
 #[test]
@@ -133,13 +175,7 @@ fn a_canceled_task_whose_slices_stay_out_shows_pending_and_keeps_its_memory_pinn
     transport
         .deaf
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let mut memory = vec![0u8; 1 << 16];
-    let base = memory.as_mut_ptr() as usize;
-    // SAFETY: `memory` outlives the registration, which is undone before it drops.
-    unsafe { engine.register_memory(memory.as_mut_ptr(), memory.len(), "cpu:0", true) }.unwrap();
-    let batch = engine.allocate_batch(2).unwrap();
-    let req = TransferRequest::read(base, SegmentId::LOCAL, base as u64 + 32768, 8192);
-    engine.submit(&batch, &[req, req]).unwrap();
+    let (base, batch) = two_reads_of_own_memory(&engine);
     // The transport ignores the cut-off: cancel gives up after the drain time, and nothing
     // claims the memory is free.
     assert_eq!(batch.cancel(), 2);
@@ -165,7 +201,6 @@ fn a_canceled_task_whose_slices_stay_out_shows_pending_and_keeps_its_memory_pinn
     );
     engine.free_batch(&batch).unwrap();
     engine.unregister_memory(base).unwrap();
-    drop(memory);
 }
 
 #[test]
@@ -177,15 +212,7 @@ fn a_deadline_times_out_a_stuck_batch_and_wait_sleeps_until_then() {
         .transfer_timeout(Some(Duration::from_millis(200)))
         .build()
         .unwrap();
-    let buffer = engine.allocate(1 << 16, "cpu:0").unwrap();
-    let batch = engine.allocate_batch(1).unwrap();
-    let request = TransferRequest::write(
-        buffer.addr(),
-        SegmentId::LOCAL,
-        buffer.addr() as u64 + 4096,
-        100,
-    );
-    engine.submit(&batch, &[request]).unwrap();
+    let (_buffer, request, batch) = a_write_within_one_buffer(&engine, 4096);
     let started = Instant::now();
     let status = batch.wait(Duration::from_secs(60));
     assert!(
@@ -212,15 +239,7 @@ fn a_deadline_times_out_a_stuck_batch_and_wait_sleeps_until_then() {
 #[test]
 fn a_transport_that_drops_slices_fails_the_task_instead_of_hanging() {
     let (engine, transport) = engine();
-    let buffer = engine.allocate(1 << 16, "cpu:0").unwrap();
-    let batch = engine.allocate_batch(1).unwrap();
-    let request = TransferRequest::write(
-        buffer.addr(),
-        SegmentId::LOCAL,
-        buffer.addr() as u64 + 8192,
-        100,
-    );
-    engine.submit(&batch, &[request]).unwrap();
+    let (_buffer, _, batch) = a_write_within_one_buffer(&engine, 8192);
     drop(transport.take());
     assert!(matches!(
         batch.task_status(0).unwrap().status,
@@ -345,16 +364,8 @@ fn engines_need_a_transport_and_a_known_metadata_store() {
 #[test]
 fn stats_count_completed_failed_and_skipped_slices() {
     let (engine, transport) = engine();
-    let local = engine.allocate(1 << 16, "cpu:0").unwrap();
-    let remote = engine.allocate(1 << 16, "cpu:0").unwrap();
-    let batch = engine.allocate_batch(3).unwrap();
-    let request =
-        |len| TransferRequest::write(local.addr(), SegmentId::LOCAL, remote.addr() as u64, len);
     // 10 000 bytes in slices of 4096: three slices; then one slice to fail; one to skip.
-    engine
-        .submit(&batch, &[request(10_000), request(100), request(200)])
-        .unwrap();
-    let mut slices = transport.take();
+    let (batch, mut slices, _buffers) = held_writes(&engine, &transport, &[10_000, 100, 200]);
     assert_eq!(slices.len(), 5);
     let skipped = slices.pop().unwrap();
     let failed = slices.pop().unwrap();
@@ -378,15 +389,7 @@ fn stats_count_completed_failed_and_skipped_slices() {
 #[test]
 fn a_slice_given_up_while_its_task_runs_fails_the_task() {
     let (engine, transport) = engine();
-    let local = engine.allocate(1 << 16, "cpu:0").unwrap();
-    let remote = engine.allocate(1 << 16, "cpu:0").unwrap();
-    let batch = engine.allocate_batch(2).unwrap();
-    let request =
-        |len| TransferRequest::write(local.addr(), SegmentId::LOCAL, remote.addr() as u64, len);
-    engine
-        .submit(&batch, &[request(4096), request(4096)])
-        .unwrap();
-    let mut slices = transport.take();
+    let (batch, mut slices, _buffers) = held_writes(&engine, &transport, &[4096, 4096]);
     assert_eq!(slices.len(), 2);
     let (cut, skipped) = (slices.pop().unwrap(), slices.pop().unwrap());
     assert!(skipped.is_live() && cut.is_live());

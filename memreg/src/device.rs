@@ -10,7 +10,7 @@ use std::io;
 
 use tern_cuda::{CudaError, Device, Event, MemoryKind, PinnedBuffer, Stream};
 
-use crate::region::{MemoryError, Region, RegionIo, RegionPin, RegionSlice};
+use crate::region::{MemoryError, Region, RegionIo, RegionPin, RegionSlice, write_some};
 
 /// Bytes a staging buffer holds: one chunk of a slice moves through it at a time.
 pub const STAGE_CHUNK: usize = 512 << 10;
@@ -397,12 +397,7 @@ impl Stage {
             while !head.is_empty() || sent < len {
                 let body = self.outbound(pin, addr, len, sent).map_err(io_error)?;
                 let body_len = body.len();
-                let written = match sink.write_from(head, body) {
-                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                };
+                let written = write_some(sink, head, body)?;
                 let from_head = written.min(head.len());
                 head = &head[from_head..];
                 sent += (written - from_head).min(body_len);

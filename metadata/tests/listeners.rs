@@ -7,7 +7,7 @@
 //! connections and returns. Also the secured HTTP metadata server: it stores only sealed
 //! values, deletes only with a token, and holds a bounded table.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +20,7 @@ use tern_metadata::rpc::{self, RpcClientConfig, RpcServer, RpcServerConfig, RpcT
 use tern_metadata::seal::{self, SealError};
 use tern_metadata::{MetadataError, MetadataStore, SegmentDesc};
 use tern_testkit::logs;
+use tern_testkit::wire::closed_within;
 
 const GOLDEN_TCP: &str = include_str!("golden/mooncake-tcp-segment.json");
 
@@ -53,22 +54,6 @@ fn http_server(secret: Option<&str>, max_entries: usize) -> HttpMetadataServer {
         max_entries,
     };
     HttpMetadataServer::start_with("127.0.0.1:0".parse().unwrap(), config).unwrap()
-}
-
-/// Whether the server has closed `stream` (a read sees the end within `wait`).
-fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
-    stream.set_read_timeout(Some(wait)).unwrap();
-    let mut buf = [0u8; 256];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                return false;
-            }
-            Err(_) => return true,
-        }
-    }
 }
 
 /// Sends `frame` one byte every 300 ms; returns how many bytes went out before the server

@@ -1,9 +1,11 @@
-//! Raw sockets for tests that speak a protocol by hand: connect with a bound on reads, and
-//! take everything a server sends until it closes.
+//! Raw sockets for tests that speak a protocol by hand: connect with a bound on reads, take
+//! everything a server sends until it closes, and see whether a server closed a connection
+//! in time.
 
-use std::io::Read;
+use std::io::{ErrorKind, Read};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 /// A connection to `addr` whose reads give up after 10 s (a test must fail, not hang).
 pub fn connect(addr: impl ToSocketAddrs) -> TcpStream {
@@ -24,4 +26,56 @@ pub fn drain(stream: &mut TcpStream) -> Vec<u8> {
             Ok(n) => got.extend_from_slice(&chunk[..n]),
         }
     }
+}
+
+/// A stream whose reads can be given a time limit: TCP and Unix sockets alike.
+pub trait TimedRead: Read {
+    /// As [`TcpStream::set_read_timeout`].
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()>;
+}
+
+impl TimedRead for TcpStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+}
+
+impl TimedRead for UnixStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        UnixStream::set_read_timeout(self, timeout)
+    }
+}
+
+/// Whether the server has closed `stream` (a read sees the end, or an error) within `wait`;
+/// what it sends meanwhile is read and dropped.
+pub fn closed_within(stream: &mut impl TimedRead, wait: Duration) -> bool {
+    stream.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Whether the server has closed `stream` by `until` (as [`closed_within`]).
+pub fn closed_by(stream: &mut impl TimedRead, until: Instant) -> bool {
+    let left = until
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    closed_within(stream, left)
+}
+
+/// How many of `streams` the server has not closed by `until`.
+pub fn still_open(streams: &mut [impl TimedRead], until: Instant) -> usize {
+    streams
+        .iter_mut()
+        .map(|s| closed_by(s, until))
+        .filter(|closed| !closed)
+        .count()
 }

@@ -13,7 +13,8 @@ use serde_json::{Value, json};
 use support::standin::{StandIn, Verbs, golden, keys, wire};
 use support::{builder, device, holds, pattern, rdma_with, spawn_helper, until_stdin_closes};
 use tern_engine::{
-    EngineError, SegmentDesc, TransferEngine, TransferError, TransferRequest, TransferStatus,
+    EngineError, OwnedBuffer, SegmentDesc, SegmentId, TransferEngine, TransferError,
+    TransferRequest, TransferStatus,
 };
 use tern_metadata::MetadataError;
 use tern_metadata::rpc::{self, RpcClientConfig, RpcType};
@@ -49,14 +50,51 @@ fn call(endpoint: &str, body: &str) -> String {
     String::from_utf8(reply).unwrap()
 }
 
+/// [`support::setup`] with the 300 s watchdog that most tests here run under.
+fn setup(test: &'static str) {
+    support::setup(test, Duration::from_secs(300));
+}
+
+/// An engine on the test device with the environment's RDMA settings.
+fn rdma_engine() -> TransferEngine {
+    builder(rdma_with(|_| {})).build().unwrap()
+}
+
+/// [`helper_target`] started as a child process: it, its segment's name and the address of
+/// its 8 MiB buffer.
+fn spawn_helper_target() -> (support::Helper, String, u64) {
+    let (target, value) = spawn_helper("helper_target", "target", &[], "buffer");
+    let (segment, addr) = value.split_once(' ').unwrap();
+    (target, segment.to_owned(), addr.parse().unwrap())
+}
+
+/// Writes `len` bytes of pattern `seed` from the start of `local` to the start of `remote`
+/// and checks they landed.
+fn write_pattern_and_check(
+    engine: &TransferEngine,
+    peer: SegmentId,
+    local: &OwnedBuffer,
+    remote: &OwnedBuffer,
+    seed: u64,
+    len: usize,
+) {
+    local.write_at(0, &pattern(seed, len)).unwrap();
+    engine
+        .transfer_sync(TransferRequest::write(
+            local.addr(),
+            peer,
+            remote.addr() as u64,
+            len,
+        ))
+        .unwrap();
+    assert!(holds(remote, 0, seed, len));
+}
+
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn the_descriptor_has_mooncakes_rdma_schema() {
-    support::setup(
-        "the_descriptor_has_mooncakes_rdma_schema",
-        Duration::from_secs(300),
-    );
-    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    setup("the_descriptor_has_mooncakes_rdma_schema");
+    let engine = rdma_engine();
     let _buffer = engine.allocate(1 << 20, "cpu:0").unwrap();
     let ours = engine.local_descriptor().to_json();
     let mut mine: Value = serde_json::from_str(&ours).unwrap();
@@ -87,13 +125,10 @@ fn the_descriptor_has_mooncakes_rdma_schema() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn tern_connects_to_a_peer_that_answers_the_golden_frames() {
-    support::setup(
-        "tern_connects_to_a_peer_that_answers_the_golden_frames",
-        Duration::from_secs(300),
-    );
+    setup("tern_connects_to_a_peer_that_answers_the_golden_frames");
     let golden = golden();
     let standin = StandIn::start(&device(), 1 << 20);
-    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    let engine = rdma_engine();
     let peer = engine.open_segment(&standin.name).unwrap();
     let local = engine.allocate(1 << 20, "cpu:0").unwrap();
     local.write_at(0, &pattern(1, 256 << 10)).unwrap();
@@ -169,12 +204,9 @@ fn tern_connects_to_a_peer_that_answers_the_golden_frames() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn tern_answers_the_golden_frames_of_an_active_peer() {
-    support::setup(
-        "tern_answers_the_golden_frames_of_an_active_peer",
-        Duration::from_secs(300),
-    );
+    setup("tern_answers_the_golden_frames_of_an_active_peer");
     let golden = golden();
-    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    let engine = rdma_engine();
     let buffer = engine.allocate(1 << 20, "cpu:0").unwrap();
     let desc = engine.local_descriptor();
     let rkey = desc.buffers[0].rkey.as_ref().unwrap()[0];
@@ -245,10 +277,7 @@ fn tern_answers_the_golden_frames_of_an_active_peer() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn bad_connection_messages_are_rejected_and_touch_nothing() {
-    support::setup(
-        "bad_connection_messages_are_rejected_and_touch_nothing",
-        Duration::from_secs(300),
-    );
+    setup("bad_connection_messages_are_rejected_and_touch_nothing");
     let target = rdma_with(|_| {});
     let probe = target.clone();
     let engine = builder(target).build().unwrap();
@@ -328,19 +357,10 @@ fn bad_connection_messages_are_rejected_and_touch_nothing() {
         "a rejected message made QPs"
     );
     // The node still serves a real peer.
-    let initiator = builder(rdma_with(|_| {})).build().unwrap();
+    let initiator = rdma_engine();
     let peer = initiator.open_segment(engine.segment_name()).unwrap();
     let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
-    local.write_at(0, &pattern(5, 4096)).unwrap();
-    initiator
-        .transfer_sync(TransferRequest::write(
-            local.addr(),
-            peer,
-            buffer.addr() as u64,
-            4096,
-        ))
-        .unwrap();
-    assert!(holds(&buffer, 0, 5, 4096));
+    write_pattern_and_check(&initiator, peer, &local, &buffer, 5, 4096);
 }
 
 /// A peer whose descriptor has more rkeys than devices is refused with the reason, before
@@ -348,10 +368,7 @@ fn bad_connection_messages_are_rejected_and_touch_nothing() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn a_descriptor_with_more_rkeys_than_devices_is_refused() {
-    support::setup(
-        "a_descriptor_with_more_rkeys_than_devices_is_refused",
-        Duration::from_secs(300),
-    );
+    setup("a_descriptor_with_more_rkeys_than_devices_is_refused");
     let verbs = Arc::new(Verbs::open(&device(), 4096));
     let served = verbs.clone();
     let server = rpc::RpcServer::start(
@@ -368,7 +385,7 @@ fn a_descriptor_with_more_rkeys_than_devices_is_refused() {
         ),
     )
     .unwrap();
-    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    let engine = rdma_engine();
     let name = format!("127.0.0.1:{}", server.local_addr().port());
     let error = engine.open_segment(&name).unwrap_err();
     assert!(
@@ -385,10 +402,7 @@ fn a_descriptor_with_more_rkeys_than_devices_is_refused() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn rdma_is_chosen_over_tcp_when_the_peer_speaks_both() {
-    support::setup(
-        "rdma_is_chosen_over_tcp_when_the_peer_speaks_both",
-        Duration::from_secs(300),
-    );
+    setup("rdma_is_chosen_over_tcp_when_the_peer_speaks_both");
     let rdma = rdma_with(|_| {});
     let stats = rdma.clone();
     let initiator = builder(rdma)
@@ -410,21 +424,12 @@ fn rdma_is_chosen_over_tcp_when_the_peer_speaks_both() {
         "a node with both publishes both"
     );
     let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
-    local.write_at(0, &pattern(6, 1 << 20)).unwrap();
     let rdma_bytes = || stats.nic_stats().iter().map(|s| s.bytes).sum::<u64>();
     for (target, over_rdma) in [(&both, true), (&tcp_only, false)] {
         let remote = target.allocate(1 << 20, "cpu:0").unwrap();
         let peer = initiator.open_segment(target.segment_name()).unwrap();
         let before = rdma_bytes();
-        initiator
-            .transfer_sync(TransferRequest::write(
-                local.addr(),
-                peer,
-                remote.addr() as u64,
-                1 << 20,
-            ))
-            .unwrap();
-        assert!(holds(&remote, 0, 6, 1 << 20));
+        write_pattern_and_check(&initiator, peer, &local, &remote, 6, 1 << 20);
         assert_eq!(rdma_bytes() - before, if over_rdma { 1 << 20 } else { 0 });
     }
 }
@@ -437,8 +442,8 @@ fn helper_target() {
     if std::env::var(support::HELPER_ENV).as_deref() != Ok("target") {
         return;
     }
-    support::setup("helper_target", Duration::from_secs(300));
-    let engine = builder(rdma_with(|_| {})).build().unwrap();
+    setup("helper_target");
+    let engine = rdma_engine();
     let buffer = engine.allocate(8 << 20, "cpu:0").unwrap();
     buffer.write_at(0, &pattern(7, 8 << 20)).unwrap();
     println!("buffer: {} {}", engine.segment_name(), buffer.addr());
@@ -475,12 +480,10 @@ fn read_the_helper_then_write_to_it(
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn two_processes_share_one_device() {
-    support::setup("two_processes_share_one_device", Duration::from_secs(300));
-    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
-    let (segment, addr) = value.split_once(' ').unwrap();
-    let remote: u64 = addr.parse().unwrap();
-    let engine = builder(rdma_with(|_| {})).build().unwrap();
-    let peer = engine.open_segment(segment).unwrap();
+    setup("two_processes_share_one_device");
+    let (mut target, segment, remote) = spawn_helper_target();
+    let engine = rdma_engine();
+    let peer = engine.open_segment(&segment).unwrap();
     let local = engine.allocate(8 << 20, "cpu:0").unwrap();
     read_the_helper_then_write_to_it(&engine, peer, &local, remote);
     assert!(target.finish().success(), "the target saw the write");
@@ -491,10 +494,7 @@ fn two_processes_share_one_device() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn evicted_endpoints_are_remade_and_qps_stay_bounded() {
-    support::setup(
-        "evicted_endpoints_are_remade_and_qps_stay_bounded",
-        Duration::from_secs(300),
-    );
+    setup("evicted_endpoints_are_remade_and_qps_stay_bounded");
     let rdma = rdma_with(|c| c.max_endpoints = 1);
     let stats = rdma.clone();
     let initiator = builder(rdma).build().unwrap();
@@ -550,30 +550,19 @@ fn evicted_endpoints_are_remade_and_qps_stay_bounded() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn a_remote_access_error_fails_the_task_and_the_path_recovers() {
-    support::setup(
-        "a_remote_access_error_fails_the_task_and_the_path_recovers",
-        Duration::from_secs(300),
-    );
-    let target = builder(rdma_with(|_| {})).build().unwrap();
-    let initiator = builder(rdma_with(|_| {})).build().unwrap();
+    setup("a_remote_access_error_fails_the_task_and_the_path_recovers");
+    let target = rdma_engine();
+    let initiator = rdma_engine();
     let kept = target.allocate(1 << 20, "cpu:0").unwrap();
     let gone = target.allocate(1 << 20, "cpu:0").unwrap();
     let peer = initiator.open_segment(target.segment_name()).unwrap();
     let gone_addr = gone.addr() as u64;
     drop(gone);
     let local = initiator.allocate(1 << 20, "cpu:0").unwrap();
-    let batch = initiator.allocate_batch(1).unwrap();
-    initiator
-        .submit(
-            &batch,
-            &[TransferRequest::write(
-                local.addr(),
-                peer,
-                gone_addr,
-                1 << 20,
-            )],
-        )
-        .unwrap();
+    let batch = submit_alone(
+        &initiator,
+        TransferRequest::write(local.addr(), peer, gone_addr, 1 << 20),
+    );
     batch.wait(Duration::from_secs(60));
     let status = batch.task_status(0).unwrap().status;
     assert!(
@@ -584,16 +573,7 @@ fn a_remote_access_error_fails_the_task_and_the_path_recovers() {
         "{status}"
     );
     let _ = CompletionError::REMOTE_ACCESS;
-    local.write_at(0, &pattern(9, 4096)).unwrap();
-    initiator
-        .transfer_sync(TransferRequest::write(
-            local.addr(),
-            peer,
-            kept.addr() as u64,
-            4096,
-        ))
-        .unwrap();
-    assert!(holds(&kept, 0, 9, 4096));
+    write_pattern_and_check(&initiator, peer, &local, &kept, 9, 4096);
     // The engine's statistics tell the story: the failed slices (each QP's first refused
     // write fails; the flushed ones behind them are skipped), the bytes that moved, and the
     // peer connected again with its last error kept.
@@ -627,10 +607,7 @@ fn a_remote_access_error_fails_the_task_and_the_path_recovers() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn the_gid_index_and_port_asked_for_are_used() {
-    support::setup(
-        "the_gid_index_and_port_asked_for_are_used",
-        Duration::from_secs(300),
-    );
+    setup("the_gid_index_and_port_asked_for_are_used");
     let table = |index: u32| {
         let path = format!("/sys/class/infiniband/{}/ports/1/gids/{index}", device());
         Gid::parse(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -658,10 +635,7 @@ fn the_gid_index_and_port_asked_for_are_used() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn a_given_priority_matrix_is_published() {
-    support::setup(
-        "a_given_priority_matrix_is_published",
-        Duration::from_secs(300),
-    );
+    setup("a_given_priority_matrix_is_published");
     let json = format!(
         r#"{{"cpu:0": [["{0}"], []], "cuda:3": [[], ["{0}", "mlx5_9"]]}}"#,
         device()
@@ -711,22 +685,17 @@ fn a_given_priority_matrix_is_published() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn a_stopped_target_is_still_served_by_its_nic_and_new_handshakes_time_out() {
-    support::setup(
-        "a_stopped_target_is_still_served_by_its_nic_and_new_handshakes_time_out",
-        Duration::from_secs(300),
-    );
-    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
-    let (segment, addr) = value.split_once(' ').unwrap();
-    let remote: u64 = addr.parse().unwrap();
-    let first = builder(rdma_with(|_| {})).build().unwrap();
-    let peer = first.open_segment(segment).unwrap();
+    setup("a_stopped_target_is_still_served_by_its_nic_and_new_handshakes_time_out");
+    let (mut target, segment, remote) = spawn_helper_target();
+    let first = rdma_engine();
+    let peer = first.open_segment(&segment).unwrap();
     let local = first.allocate(8 << 20, "cpu:0").unwrap();
     first
         .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 4096))
         .unwrap();
     // Opened before the stop, but no endpoint yet: its first transfer needs a handshake.
-    let second = builder(rdma_with(|_| {})).build().unwrap();
-    let peer2 = second.open_segment(segment).unwrap();
+    let second = rdma_engine();
+    let peer2 = second.open_segment(&segment).unwrap();
     target.stop();
     read_the_helper_then_write_to_it(&first, peer, &local, remote);
 
@@ -764,15 +733,12 @@ fn a_stopped_target_is_still_served_by_its_nic_and_new_handshakes_time_out() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn shutdown_mid_transfer_retires_every_request_before_its_pin_goes() {
-    support::setup(
-        "shutdown_mid_transfer_retires_every_request_before_its_pin_goes",
-        Duration::from_secs(300),
-    );
+    setup("shutdown_mid_transfer_retires_every_request_before_its_pin_goes");
     const BLOCK: usize = 64 << 10;
     const COUNT: usize = 1024;
-    let target = builder(rdma_with(|_| {})).build().unwrap();
+    let target = rdma_engine();
     let remote = target.allocate(COUNT * BLOCK, "cpu:0").unwrap();
-    let initiator = builder(rdma_with(|_| {})).build().unwrap();
+    let initiator = rdma_engine();
     let peer = initiator.open_segment(target.segment_name()).unwrap();
     let local = initiator.allocate(COUNT * BLOCK, "cpu:0").unwrap();
     let leaked_before = tern_verbs::leaked_guards();
@@ -938,6 +904,25 @@ fn a_slice_size_beyond_one_work_request_is_refused_at_discover() {
 #[path = "../../testkit/include/local.rs"]
 mod local;
 use local::Local;
+#[path = "../../testkit/include/deadline.rs"]
+mod deadline;
+use deadline::{assert_read_timed_out, assert_write_timed_out, submit_alone, wait_past_deadline};
+
+/// An engine whose endpoint to [`helper_target`] was open (a 4 KiB read went through) when
+/// the target was killed: its QPs are destroyed with it, so the device drops what arrives for
+/// them, unanswered. At 4.096 µs × 2^24 ≈ 69 s per try, 7 tries, the engine's QP alone would
+/// give up only minutes after a test's wait.
+fn an_endpoint_to_a_killed_target() -> (TransferEngine, SegmentId, Local, u64) {
+    let (mut target, segment, remote) = spawn_helper_target();
+    let engine = builder(rdma_with(|c| c.ack_timeout = 24)).build().unwrap();
+    let peer = engine.open_segment(&segment).unwrap();
+    let local = Local::register(&engine, 1 << 20);
+    engine
+        .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 4096))
+        .unwrap();
+    target.kill();
+    (engine, peer, local, remote)
+}
 
 /// A 1 MiB read that waits for a handshake the target process cannot answer (stopped with
 /// SIGSTOP before the initiator's first transfer) ends as `Timeout` at its deadline; at
@@ -947,29 +932,18 @@ use local::Local;
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn a_read_waiting_on_a_handshake_to_a_stopped_peer_gives_its_memory_back_at_the_timeout() {
-    support::setup(
-        "a_read_waiting_on_a_handshake_to_a_stopped_peer_gives_its_memory_back_at_the_timeout",
-        Duration::from_secs(300),
-    );
-    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
-    let (segment, addr) = value.split_once(' ').unwrap();
-    let remote: u64 = addr.parse().unwrap();
-    let engine = builder(rdma_with(|_| {})).build().unwrap();
-    let peer = engine.open_segment(segment).unwrap();
+    setup("a_read_waiting_on_a_handshake_to_a_stopped_peer_gives_its_memory_back_at_the_timeout");
+    let (mut target, segment, remote) = spawn_helper_target();
+    let engine = rdma_engine();
+    let peer = engine.open_segment(&segment).unwrap();
     let local = Local::register(&engine, 1 << 20);
     target.stop();
-    let batch = engine.allocate_batch(1).unwrap();
-    engine
-        .submit(
-            &batch,
-            &[TransferRequest::read(local.addr(), peer, remote, 1 << 20)],
-        )
-        .unwrap();
-    batch.set_deadline(Some(std::time::Instant::now() + Duration::from_millis(500)));
-    batch.wait(Duration::from_secs(30));
-    let status = batch.task_status(0).unwrap();
-    assert_eq!(status.status, TransferStatus::Timeout, "{status:?}");
-    assert!(!status.remote_may_change, "a read changes nothing remote");
+    let batch = submit_alone(
+        &engine,
+        TransferRequest::read(local.addr(), peer, remote, 1 << 20),
+    );
+    let (status, _) = wait_past_deadline(&batch, Duration::from_millis(500));
+    assert_read_timed_out(&status);
     engine
         .unregister_memory(local.addr())
         .expect("unregistering the timed-out read's buffer succeeds at once");
@@ -989,31 +963,13 @@ fn a_read_waiting_on_a_handshake_to_a_stopped_peer_gives_its_memory_back_at_the_
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn a_read_on_the_wire_to_a_vanished_peer_is_flushed_at_the_timeout() {
-    support::setup(
-        "a_read_on_the_wire_to_a_vanished_peer_is_flushed_at_the_timeout",
-        Duration::from_secs(300),
-    );
-    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
-    let (segment, addr) = value.split_once(' ').unwrap();
-    let remote: u64 = addr.parse().unwrap();
-    // 4.096 µs × 2^24 ≈ 69 s per try, 7 tries: the QP alone would give up only minutes
-    // after the wait below.
-    let engine = builder(rdma_with(|c| c.ack_timeout = 24)).build().unwrap();
-    let peer = engine.open_segment(segment).unwrap();
-    let local = Local::register(&engine, 1 << 20);
-    engine
-        .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 4096))
-        .unwrap();
-    // Its QPs are destroyed with it: the device drops what arrives for them, unanswered.
-    target.kill();
+    setup("a_read_on_the_wire_to_a_vanished_peer_is_flushed_at_the_timeout");
+    let (engine, peer, local, remote) = an_endpoint_to_a_killed_target();
     let posted_before = tern_verbs::tracked_in_flight();
-    let batch = engine.allocate_batch(1).unwrap();
-    engine
-        .submit(
-            &batch,
-            &[TransferRequest::read(local.addr(), peer, remote, 1 << 20)],
-        )
-        .unwrap();
+    let batch = submit_alone(
+        &engine,
+        TransferRequest::read(local.addr(), peer, remote, 1 << 20),
+    );
     let started = std::time::Instant::now();
     while tern_verbs::tracked_in_flight() == posted_before {
         assert!(
@@ -1022,16 +978,9 @@ fn a_read_on_the_wire_to_a_vanished_peer_is_flushed_at_the_timeout() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    let deadline = std::time::Instant::now() + Duration::from_millis(500);
-    batch.set_deadline(Some(deadline));
-    batch.wait(Duration::from_secs(30));
-    eprintln!(
-        "a read on the wire to a vanished peer: back {:?} after its deadline",
-        deadline.elapsed()
-    );
-    let status = batch.task_status(0).unwrap();
-    assert_eq!(status.status, TransferStatus::Timeout, "{status:?}");
-    assert!(!status.remote_may_change, "a read changes nothing remote");
+    let (status, late) = wait_past_deadline(&batch, Duration::from_millis(500));
+    eprintln!("a read on the wire to a vanished peer: back {late:?} after its deadline");
+    assert_read_timed_out(&status);
     engine
         .unregister_memory(local.addr())
         .expect("unregistering the flushed read's buffer succeeds at once");
@@ -1050,32 +999,14 @@ fn a_read_on_the_wire_to_a_vanished_peer_is_flushed_at_the_timeout() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn a_write_on_the_wire_cut_off_at_the_timeout_says_the_peer_may_still_change() {
-    support::setup(
-        "a_write_on_the_wire_cut_off_at_the_timeout_says_the_peer_may_still_change",
-        Duration::from_secs(300),
+    setup("a_write_on_the_wire_cut_off_at_the_timeout_says_the_peer_may_still_change");
+    let (engine, peer, local, remote) = an_endpoint_to_a_killed_target();
+    let batch = submit_alone(
+        &engine,
+        TransferRequest::write(local.addr(), peer, remote, 1 << 20),
     );
-    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
-    let (segment, addr) = value.split_once(' ').unwrap();
-    let remote: u64 = addr.parse().unwrap();
-    let engine = builder(rdma_with(|c| c.ack_timeout = 24)).build().unwrap();
-    let peer = engine.open_segment(segment).unwrap();
-    let local = Local::register(&engine, 1 << 20);
-    engine
-        .transfer_sync(TransferRequest::read(local.addr(), peer, remote, 4096))
-        .unwrap();
-    target.kill();
-    let batch = engine.allocate_batch(1).unwrap();
-    engine
-        .submit(
-            &batch,
-            &[TransferRequest::write(local.addr(), peer, remote, 1 << 20)],
-        )
-        .unwrap();
-    batch.set_deadline(Some(std::time::Instant::now() + Duration::from_millis(500)));
-    batch.wait(Duration::from_secs(30));
-    let status = batch.task_status(0).unwrap();
-    assert_eq!(status.status, TransferStatus::Timeout, "{status:?}");
-    assert!(status.remote_may_change, "{status:?}");
+    let (status, _) = wait_past_deadline(&batch, Duration::from_millis(500));
+    assert_write_timed_out(&status);
     engine
         .unregister_memory(local.addr())
         .expect("unregistering the cut-off write's buffer succeeds at once");
@@ -1087,40 +1018,27 @@ fn a_write_on_the_wire_cut_off_at_the_timeout_says_the_peer_may_still_change() {
 #[test]
 #[ignore = "needs Soft-RoCE: cargo xtask softroce --test -p tern-transport-rdma"]
 fn timed_out_reads_come_back_soon_after_their_deadline() {
-    support::setup(
-        "timed_out_reads_come_back_soon_after_their_deadline",
-        Duration::from_secs(300),
-    );
+    setup("timed_out_reads_come_back_soon_after_their_deadline");
     const STALLS: usize = 100;
-    let (mut target, value) = spawn_helper("helper_target", "target", &[], "buffer");
-    let (segment, addr) = value.split_once(' ').unwrap();
-    let remote: u64 = addr.parse().unwrap();
+    let (mut target, segment, remote) = spawn_helper_target();
     // The handshake outlasts every stall.
     let engine = builder(rdma_with(|c| {
         c.handshake_timeout = Duration::from_secs(120)
     }))
     .build()
     .unwrap();
-    let peer = engine.open_segment(segment).unwrap();
+    let peer = engine.open_segment(&segment).unwrap();
     let local = Local::register(&engine, 1 << 20);
     target.stop();
     let mut took = Vec::with_capacity(STALLS);
     for _ in 0..STALLS {
-        let batch = engine.allocate_batch(1).unwrap();
-        engine
-            .submit(
-                &batch,
-                &[TransferRequest::read(local.addr(), peer, remote, 1 << 20)],
-            )
-            .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_millis(50);
-        batch.set_deadline(Some(deadline));
-        batch.wait(Duration::from_secs(30));
-        took.push(deadline.elapsed());
-        assert_eq!(
-            batch.task_status(0).unwrap().status,
-            TransferStatus::Timeout
+        let batch = submit_alone(
+            &engine,
+            TransferRequest::read(local.addr(), peer, remote, 1 << 20),
         );
+        let (status, late) = wait_past_deadline(&batch, Duration::from_millis(50));
+        took.push(late);
+        assert_eq!(status.status, TransferStatus::Timeout);
         engine.free_batch(&batch).unwrap();
     }
     engine.unregister_memory(local.addr()).unwrap();

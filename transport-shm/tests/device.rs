@@ -8,14 +8,16 @@
 //! above the driver, not that GPUs work.
 
 use std::io::BufRead;
-use std::time::Duration;
 
 use tern_cuda::Device;
-use tern_engine::{RegisterRaw, SegmentId, TransferEngine, TransferRequest, TransferStatus};
+use tern_engine::{RegisterRaw, SegmentId, TransferEngine, TransferRequest};
 use tern_testkit::maps::mappings_of;
 use tern_testkit::process::SelfChild;
 use tern_transport_shm::ShmTransport;
 use tern_transport_tcp::TcpTransport;
+#[path = "../../testkit/include/transfers.rs"]
+mod transfers;
+use transfers::{run_to_completion, transport_stats};
 
 /// Set in the environment of the owner child.
 const OWNER_ENV: &str = "TERN_SHM_TEST_DEVICE_OWNER";
@@ -149,30 +151,6 @@ fn serves_as_the_device_owner_when_run_as_its_child() {
     drop((legacy, chunked, plain));
 }
 
-fn run(engine: &TransferEngine, requests: &[TransferRequest]) {
-    let batch = engine.allocate_batch(requests.len()).unwrap();
-    engine.submit(&batch, requests).unwrap();
-    batch.wait(Duration::from_secs(60));
-    for (task, request) in requests.iter().enumerate() {
-        let status = batch.task_status(task).unwrap();
-        assert_eq!(
-            status.status,
-            TransferStatus::Completed,
-            "task {task}: {status:?}"
-        );
-        assert_eq!(status.transferred_bytes, request.length as u64);
-    }
-}
-
-fn stats(engine: &TransferEngine, protocol: &str) -> tern_engine::TransportStats {
-    engine
-        .stats()
-        .transports
-        .into_iter()
-        .find(|t| t.protocol == protocol)
-        .unwrap()
-}
-
 /// Requests cutting `[0, len)` at `cuts` (offsets that fall off slice and chunk edges).
 fn pieces(
     local: u64,
@@ -226,7 +204,7 @@ fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() 
     let sent = pattern(LEGACY_LEN, 40);
     local_device.write(0, &sent).unwrap();
     let cuts = [0, 4096, 1_000_003, LEGACY_LEN];
-    run(
+    run_to_completion(
         &initiator,
         &pieces(local_device.addr(), peer, legacy, &cuts, true),
     );
@@ -236,7 +214,7 @@ fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() 
         "the owner's cudaMalloc memory holds other bytes"
     );
     // Device → host, read back.
-    run(
+    run_to_completion(
         &initiator,
         &pieces(local_host.addr() as u64, peer, legacy, &cuts, false),
     );
@@ -257,7 +235,7 @@ fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() 
     let sent = pattern(whole, 90);
     local_host.write_at(0, &sent).unwrap();
     let cuts = [0, CHUNK - 1000, CHUNK + 5000, 2 * CHUNK + 1, whole];
-    run(
+    run_to_completion(
         &initiator,
         &pieces(local_host.addr() as u64, peer, chunked, &cuts, true),
     );
@@ -270,7 +248,7 @@ fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() 
         assert_eq!(mapped(*inode, 2), 2, "every chunk is mapped, once");
     }
     // VMM → VMM of this side, one request over all of it.
-    run(
+    run_to_completion(
         &initiator,
         &[TransferRequest::read(
             local_chunked.addr() as usize,
@@ -283,17 +261,21 @@ fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() 
     local_chunked.read(0, &mut back).unwrap();
     assert!(back == sent, "the bytes read into local VMM memory differ");
 
-    let shm = stats(&initiator, "shm");
+    let shm = transport_stats(&initiator, "shm");
     let moved = (2 * LEGACY_LEN + 2 * whole) as u64;
     assert_eq!(shm.bytes, moved, "the same-host transport carried it all");
-    assert_eq!(stats(&initiator, "tcp").bytes, 0, "nothing fell to TCP");
+    assert_eq!(
+        transport_stats(&initiator, "tcp").bytes,
+        0,
+        "nothing fell to TCP"
+    );
     assert!(shm.declined.is_empty(), "{:?}", shm.declined);
 
     // Local device memory to the peer's memfd host memory: a GPU copy into the mapping.
     let sent = pattern(HOST_LEN, 7);
     local_device.write(0, &sent).unwrap();
     let write_to = |to: u64| {
-        run(
+        run_to_completion(
             &initiator,
             &[TransferRequest::write(
                 local_device.addr() as usize,
@@ -308,7 +290,7 @@ fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() 
         owner.ask("sum host", "sum ").parse::<u64>().unwrap(),
         digest(&sent)
     );
-    let shm = stats(&initiator, "shm");
+    let shm = transport_stats(&initiator, "shm");
     assert_eq!(shm.bytes, moved + HOST_LEN as u64);
     assert!(shm.declined.is_empty(), "{:?}", shm.declined);
     // To its plain host memory, which only cross-memory attach (the CPU) reaches: declined
@@ -318,14 +300,14 @@ fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() 
         owner.ask("sum plain", "sum ").parse::<u64>().unwrap(),
         digest(&sent)
     );
-    let shm = stats(&initiator, "shm");
+    let shm = transport_stats(&initiator, "shm");
     let declined = shm
         .declined
         .iter()
         .find(|d| d.reason.contains("cross-memory attach"))
         .expect("the decline is counted under its reason");
     assert!(declined.bytes >= HOST_LEN as u64, "{declined:?}");
-    assert!(stats(&initiator, "tcp").bytes >= HOST_LEN as u64);
+    assert!(transport_stats(&initiator, "tcp").bytes >= HOST_LEN as u64);
 
     // Unregistering the VMM buffer unmaps every chunk here before it returns.
     assert_eq!(owner.ask("unregister chunked", ""), "unregistered");

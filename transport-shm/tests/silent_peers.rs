@@ -4,27 +4,24 @@
 //! moves bytes to the node over shared memory, and each silent connection is closed once the
 //! exchange timeout (set to 1 s here) has passed.
 
-use std::io::Read;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixStream};
 use std::time::{Duration, Instant};
 
 use tern_engine::{TransferEngine, TransferRequest, TransferStatus};
 use tern_metadata::auth::{self, Channel, Claims, ClusterSecret};
+use tern_testkit::wire::{closed_by, still_open};
 use tern_transport_shm::wire::{Frame, FrameReader, MAGIC, NONCE_LEN};
 use tern_transport_shm::{ShmConfig, ShmTransport};
+#[path = "../../testkit/include/transfers.rs"]
+mod transfers;
+use transfers::secured_engine;
 
 const SECRET: &str = "tern-shm-silent-secret";
 
 /// An engine whose only transport is shared memory, with the test's secret.
 fn engine(config: ShmConfig) -> TransferEngine {
-    TransferEngine::builder()
-        .local_server_name("127.0.0.1")
-        .cluster_secret(SECRET)
-        .transfer_timeout(Some(Duration::from_secs(20)))
-        .transport(ShmTransport::new(config))
-        .build()
-        .unwrap()
+    secured_engine(SECRET, ShmTransport::new(config))
 }
 
 fn socket_of(target: &TransferEngine) -> String {
@@ -36,30 +33,6 @@ fn socket_of(target: &TransferEngine) -> String {
 
 fn connect(socket: &str) -> UnixStream {
     UnixStream::connect_addr(&SocketAddr::from_abstract_name(socket.as_bytes()).unwrap()).unwrap()
-}
-
-/// Whether the node has closed `stream` (a read sees the end, or an error) by `until`.
-fn closed_by(stream: &mut UnixStream, until: Instant) -> bool {
-    let left = until
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    stream.set_read_timeout(Some(left)).unwrap();
-    let mut buf = [0u8; 256];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return false;
-            }
-            Err(_) => return true,
-        }
-    }
 }
 
 #[test]
@@ -129,12 +102,7 @@ fn silent_connections_keep_no_peer_off_the_socket_and_are_closed_at_the_exchange
     assert!(back == data, "the bytes changed on the way");
 
     // Every silent connection is closed, once its opening has outlasted the timeout.
-    let until = Instant::now() + Duration::from_secs(20);
-    let open = quiet
-        .iter_mut()
-        .map(|s| closed_by(s, until))
-        .filter(|closed| !closed)
-        .count();
+    let open = still_open(&mut quiet, Instant::now() + Duration::from_secs(20));
     assert_eq!(open, 0, "silent connections still open");
     // The honest one, past its opening, is not.
     assert!(

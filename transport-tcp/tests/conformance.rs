@@ -2,6 +2,9 @@
 
 use tern_engine::{BatchState, TransferEngine, TransferRequest, conformance};
 use tern_transport_tcp::{TcpConfig, TcpTransport};
+#[path = "../../testkit/include/transfers.rs"]
+mod transfers;
+use transfers::write_then_read_back;
 
 #[test]
 fn tcp_passes_the_conformance_suite() {
@@ -36,25 +39,7 @@ fn tcp_v1_moves_bytes_in_order_on_one_connection() {
     let data: Vec<u8> = (0..4 << 20)
         .map(|i| conformance::pattern_byte(9, i))
         .collect();
-    local.write_at(0, &data).unwrap();
-    initiator
-        .transfer_sync(TransferRequest::write(
-            local.addr(),
-            peer,
-            remote.addr() as u64,
-            4 << 20,
-        ))
-        .unwrap();
-    initiator
-        .transfer_sync(TransferRequest::read(
-            local.addr() + (4 << 20),
-            peer,
-            remote.addr() as u64,
-            4 << 20,
-        ))
-        .unwrap();
-    let mut back = vec![0u8; 4 << 20];
-    local.read_at(4 << 20, &mut back).unwrap();
+    let back = write_then_read_back(&initiator, peer, &local, &remote, &data);
     assert!(back == data, "v1 read-after-write returned other bytes");
 }
 

@@ -108,6 +108,19 @@ fn initiator() -> TransferEngine {
 #[path = "../../testkit/include/local.rs"]
 mod local;
 use local::Local;
+#[path = "../../testkit/include/deadline.rs"]
+mod deadline;
+use deadline::{assert_read_timed_out, assert_write_timed_out, submit_alone, wait_past_deadline};
+
+/// The child target, an initiator that opened its segment, and `len` bytes of watched
+/// memory registered with the initiator.
+fn connected(len: usize) -> (Target, TransferEngine, SegmentId, Local) {
+    let target = Target::start();
+    let engine = initiator();
+    let peer = engine.open_segment(&target.segment).unwrap();
+    let local = Local::register(&engine, len);
+    (target, engine, peer, local)
+}
 
 /// Submits a read of the whole target buffer and stops the target as soon as part of it
 /// arrived; returns the batch, or None if the read completed first.
@@ -117,13 +130,10 @@ fn read_then_stall(
     peer: SegmentId,
     local: &Local,
 ) -> Option<tern_engine::Batch> {
-    let batch = engine.allocate_batch(1).unwrap();
-    engine
-        .submit(
-            &batch,
-            &[TransferRequest::read(local.addr(), peer, target.addr, LEN)],
-        )
-        .unwrap();
+    let batch = submit_alone(
+        engine,
+        TransferRequest::read(local.addr(), peer, target.addr, LEN),
+    );
     let until = Instant::now() + Duration::from_secs(60);
     loop {
         let status = batch.task_status(0).unwrap();
@@ -144,82 +154,73 @@ fn read_then_stall(
     Some(batch)
 }
 
-#[test]
-fn a_read_that_times_out_mid_slice_leaves_the_buffer_alone_and_unpinned() {
-    let target = Target::start();
-    let engine = initiator();
-    let peer = engine.open_segment(&target.segment).unwrap();
-    let local = Local::register(&engine, LEN);
+/// The read that `ended` (timed-out, canceled) gave its memory back: the buffer unregisters
+/// at once, and for two seconds after, with the peer awake again, nothing writes it.
+fn assert_given_back(
+    engine: &TransferEngine,
+    target: &Target,
+    local: &Local,
+    batch: &tern_engine::Batch,
+    ended: &str,
+) {
+    engine.unregister_memory(local.addr()).unwrap_or_else(|e| {
+        panic!("unregistering the {ended} read's buffer succeeds at once: {e:?}")
+    });
+    local.assert_untouched(ended, || target.resume());
+    engine.free_batch(batch).unwrap();
+}
+
+/// [`read_then_stall`] until the stop comes in the middle of the read (20 tries at most).
+fn stalled_read(
+    engine: &TransferEngine,
+    target: &Target,
+    peer: SegmentId,
+    local: &Local,
+) -> tern_engine::Batch {
     let mut tries = 0;
-    let batch = loop {
+    loop {
         tries += 1;
         assert!(tries <= 20, "the read always completed before the stop");
-        if let Some(batch) = read_then_stall(&engine, &target, peer, &local) {
-            break batch;
+        if let Some(batch) = read_then_stall(engine, target, peer, local) {
+            return batch;
         }
-    };
-    batch.set_deadline(Some(Instant::now() + Duration::from_millis(100)));
-    batch.wait(Duration::from_secs(30));
-    let status = batch.task_status(0).unwrap();
-    assert_eq!(status.status, TransferStatus::Timeout, "{status:?}");
-    assert!(!status.remote_may_change, "a read changes nothing remote");
+    }
+}
+
+#[test]
+fn a_read_that_times_out_mid_slice_leaves_the_buffer_alone_and_unpinned() {
+    let (target, engine, peer, local) = connected(LEN);
+    let batch = stalled_read(&engine, &target, peer, &local);
+    let (status, _) = wait_past_deadline(&batch, Duration::from_millis(100));
+    assert_read_timed_out(&status);
     assert!(
         status.transferred_bytes < LEN as u64,
         "the stop came after the read"
     );
-    engine
-        .unregister_memory(local.addr())
-        .expect("unregistering the timed-out read's buffer succeeds at once");
-    // For two seconds after the call returned, with the peer awake again.
-    local.assert_untouched("timeout", || target.resume());
-    engine.free_batch(&batch).unwrap();
+    assert_given_back(&engine, &target, &local, &batch, "timed-out");
 }
 
 #[test]
 fn a_read_canceled_mid_slice_leaves_the_buffer_alone_and_unpinned() {
-    let target = Target::start();
-    let engine = initiator();
-    let peer = engine.open_segment(&target.segment).unwrap();
-    let local = Local::register(&engine, LEN);
-    let mut tries = 0;
-    let batch = loop {
-        tries += 1;
-        assert!(tries <= 20, "the read always completed before the stop");
-        if let Some(batch) = read_then_stall(&engine, &target, peer, &local) {
-            break batch;
-        }
-    };
+    let (target, engine, peer, local) = connected(LEN);
+    let batch = stalled_read(&engine, &target, peer, &local);
     assert_eq!(batch.cancel(), 1);
     let status = batch.task_status(0).unwrap();
     assert_eq!(status.status, TransferStatus::Canceled, "{status:?}");
-    engine
-        .unregister_memory(local.addr())
-        .expect("unregistering the canceled read's buffer succeeds at once");
-    // For two seconds after the call returned, with the peer awake again.
-    local.assert_untouched("cancel", || target.resume());
-    engine.free_batch(&batch).unwrap();
+    assert_given_back(&engine, &target, &local, &batch, "canceled");
 }
 
 #[test]
 fn a_write_to_a_stopped_peer_that_times_out_says_the_peer_may_still_change() {
-    let target = Target::start();
-    let engine = initiator();
-    let peer = engine.open_segment(&target.segment).unwrap();
-    let local = Local::register(&engine, LEN);
+    let (target, engine, peer, local) = connected(LEN);
     target.stop();
-    let batch = engine.allocate_batch(1).unwrap();
-    engine
-        .submit(
-            &batch,
-            &[TransferRequest::write(local.addr(), peer, target.addr, LEN)],
-        )
-        .unwrap();
-    batch.set_deadline(Some(Instant::now() + Duration::from_millis(200)));
-    batch.wait(Duration::from_secs(30));
-    let status = batch.task_status(0).unwrap();
-    assert_eq!(status.status, TransferStatus::Timeout, "{status:?}");
+    let batch = submit_alone(
+        &engine,
+        TransferRequest::write(local.addr(), peer, target.addr, LEN),
+    );
+    let (status, _) = wait_past_deadline(&batch, Duration::from_millis(200));
     // Bytes went into the stopped peer's socket: they may land when it runs again.
-    assert!(status.remote_may_change, "{status:?}");
+    assert_write_timed_out(&status);
     engine
         .unregister_memory(local.addr())
         .expect("unregistering the timed-out write's buffer succeeds at once");
@@ -232,33 +233,17 @@ fn a_write_to_a_stopped_peer_that_times_out_says_the_peer_may_still_change() {
 #[test]
 #[ignore = "a measurement: prints p50/p99"]
 fn timed_out_read_latency() {
-    let target = Target::start();
-    let engine = initiator();
-    let peer = engine.open_segment(&target.segment).unwrap();
-    let local = Local::register(&engine, 4 * MIB);
+    let (target, engine, peer, local) = connected(4 * MIB);
     let mut took = Vec::new();
     for _ in 0..100 {
         target.stop();
-        let batch = engine.allocate_batch(1).unwrap();
-        engine
-            .submit(
-                &batch,
-                &[TransferRequest::read(
-                    local.addr(),
-                    peer,
-                    target.addr,
-                    4 * MIB,
-                )],
-            )
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_millis(20);
-        batch.set_deadline(Some(deadline));
-        batch.wait(Duration::from_secs(30));
-        assert_eq!(
-            batch.task_status(0).unwrap().status,
-            TransferStatus::Timeout
+        let batch = submit_alone(
+            &engine,
+            TransferRequest::read(local.addr(), peer, target.addr, 4 * MIB),
         );
-        took.push(deadline.elapsed());
+        let (status, late) = wait_past_deadline(&batch, Duration::from_millis(20));
+        assert_eq!(status.status, TransferStatus::Timeout);
+        took.push(late);
         engine.free_batch(&batch).unwrap();
         target.resume();
         std::thread::sleep(Duration::from_millis(20));

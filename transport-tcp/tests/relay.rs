@@ -167,6 +167,30 @@ fn secret() -> ClusterSecret {
     ClusterSecret::new(SECRET.as_bytes()).unwrap()
 }
 
+/// `client` dialing `server` on `channel` with the cluster secret, through `relay` (5 s to
+/// connect, 5 s for each read and write).
+fn dial_through(
+    relay: &Relay,
+    channel: Channel,
+    client: &TransferEngine,
+    server: &TransferEngine,
+) -> Result<TcpStream, DialError> {
+    let key = secret();
+    dial(
+        &Dial {
+            endpoint: &relay.addr.to_string(),
+            connect_timeout: Duration::from_secs(5),
+            auth: Some(DialAuth {
+                secret: &key,
+                channel,
+                client_segment: client.segment_name(),
+                server_segment: server.segment_name(),
+            }),
+        },
+        Duration::from_secs(5),
+    )
+}
+
 fn data_endpoint(engine: &TransferEngine) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], engine.local_descriptor().tcp_data_port))
 }
@@ -198,20 +222,7 @@ fn a_forwarding_relay_is_refused_by_the_node_it_forwards_to() {
 
     // The same on the data port: the victim refuses before it reads a header.
     let relay = Relay::start(data_endpoint(&victim), None);
-    let key = secret();
-    let attempt = dial(
-        &Dial {
-            endpoint: &relay.addr.to_string(),
-            connect_timeout: Duration::from_secs(5),
-            auth: Some(DialAuth {
-                secret: &key,
-                channel: Channel::TcpData,
-                client_segment: honest.segment_name(),
-                server_segment: victim.segment_name(),
-            }),
-        },
-        Duration::from_secs(5),
-    );
+    let attempt = dial_through(&relay, Channel::TcpData, &honest, &victim);
     assert!(
         matches!(attempt, Err(DialError::Auth(AuthError::PeerClosed { .. }))),
         "{attempt:?}"
@@ -226,7 +237,6 @@ fn a_relay_that_rewrites_the_hello_is_refused_by_the_node_that_dialed_it() {
     let honest = p2p();
     let target: OwnedBuffer = victim.allocate(1 << 20, "cpu:0").unwrap();
     target.write_at(0, &[0x5A; 4096]).unwrap();
-    let key = secret();
     for (channel, endpoint) in [
         (Channel::TcpData, data_endpoint(&victim)),
         (Channel::Rpc, rpc_endpoint(&victim)),
@@ -235,19 +245,7 @@ fn a_relay_that_rewrites_the_hello_is_refused_by_the_node_that_dialed_it() {
         // MAC covers the endpoint it advertises, not the relay the honest node dialed, so the
         // honest node refuses the challenge and proves nothing.
         let relay = Relay::start(endpoint, Some(endpoint.to_string()));
-        let attempt = dial(
-            &Dial {
-                endpoint: &relay.addr.to_string(),
-                connect_timeout: Duration::from_secs(5),
-                auth: Some(DialAuth {
-                    secret: &key,
-                    channel,
-                    client_segment: honest.segment_name(),
-                    server_segment: victim.segment_name(),
-                }),
-            },
-            Duration::from_secs(5),
-        );
+        let attempt = dial_through(&relay, channel, &honest, &victim);
         assert!(
             matches!(attempt, Err(DialError::Auth(AuthError::BadProof))),
             "{channel:?}: {attempt:?}"
@@ -265,7 +263,7 @@ fn a_relay_that_rewrites_the_hello_is_refused_by_the_node_that_dialed_it() {
         Some(rpc_endpoint(&victim).to_string()),
     );
     let config = RpcClientConfig {
-        secret: Some(key),
+        secret: Some(secret()),
         local_segment: honest.segment_name().to_owned(),
         ..RpcClientConfig::default()
     };

@@ -7,10 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tern_verbs::{
-    Access, Completion, CompletionError, CompletionQueue, Context, MemoryGuard, MemoryRegion,
-    Outcome, PathConfig, Peer, ProtectionDomain, QpCaps, QueuePair, RecvWork, SendOp, SendWork,
-    Sge,
+    Access, CompletionError, CompletionQueue, Context, MemoryGuard, MemoryRegion, Outcome,
+    PathConfig, Peer, ProtectionDomain, QpCaps, QueuePair, RecvWork, SendOp, SendWork, Sge,
 };
+
+#[path = "../../testkit/include/completions.rs"]
+mod completions;
+use completions::next_completion;
 
 const NEEDS_RXE: &str = "needs Soft-RoCE: cargo xtask softroce --test -p tern-verbs";
 
@@ -72,14 +75,7 @@ impl Loop {
     }
 
     fn connect(&self) {
-        let peer_of = |qp: &Qp| Peer {
-            qp_num: qp.qp_num(),
-            psn: 0,
-            gid: self.gid,
-            lid: 0,
-        };
-        self.a.connect(&peer_of(&self.b), &self.path).unwrap();
-        self.b.connect(&peer_of(&self.a), &self.path).unwrap();
+        connect_to_each_other(&self.a, &self.b, &self.path, self.gid);
     }
 
     /// Posts one request on `a` moving `len` bytes at `offset` of `local`, and waits for it.
@@ -88,25 +84,23 @@ impl Loop {
     }
 }
 
+/// Connects `a` and `b`, two QPs of one device whose GID is `gid`, to each other.
+fn connect_to_each_other(a: &Qp, b: &Qp, path: &PathConfig, gid: tern_verbs::Gid) {
+    let peer_of = |qp: &Qp| Peer {
+        qp_num: qp.qp_num(),
+        psn: 0,
+        gid,
+        lid: 0,
+    };
+    a.connect(&peer_of(b), path).unwrap();
+    b.connect(&peer_of(a), path).unwrap();
+}
+
 /// What a completion said, read before the completion was handed back to its QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Done {
     status: Result<(), CompletionError>,
     byte_len: u32,
-}
-
-/// Polls `cq` until a completion arrives (120 s at most).
-fn next_completion(cq: &CompletionQueue) -> Completion {
-    let started = Instant::now();
-    let mut out = Vec::new();
-    while cq.poll(&mut out, 1).unwrap() == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "no completion"
-        );
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    out.pop().unwrap()
 }
 
 /// Posts one request on `qp` and waits for its completion, which retires it.
@@ -600,14 +594,7 @@ fn send_receive_and_write_with_immediate_wake_a_blocking_waiter() {
     let cq = CompletionQueue::with_channel(&context, 64).unwrap();
     let a = Qp::new_rc(&pd, &cq, QpCaps::default()).unwrap();
     let b = Qp::new_rc(&pd, &cq, QpCaps::default()).unwrap();
-    let peer = |qp: &Qp| Peer {
-        qp_num: qp.qp_num(),
-        psn: 0,
-        gid,
-        lid: 0,
-    };
-    a.connect(&peer(&b), &path).unwrap();
-    b.connect(&peer(&a), &path).unwrap();
+    connect_to_each_other(&a, &b, &path, gid);
     let sender = register(&pd, 4096, Access::REMOTE);
     let receiver = register(&pd, 4096, Access::REMOTE);
     let receive = |offset: usize, user: u64| RecvWork {
@@ -778,14 +765,7 @@ fn deregistering_under_outstanding_requests_fails_them_and_never_touches_freed_m
     };
     let a = Qp::new_rc(&pd, &cq, caps).unwrap();
     let b = Qp::new_rc(&pd, &cq, caps).unwrap();
-    let peer = |qp: &Qp| Peer {
-        qp_num: qp.qp_num(),
-        psn: 0,
-        gid,
-        lid: 0,
-    };
-    a.connect(&peer(&b), &path).unwrap();
-    b.connect(&peer(&a), &path).unwrap();
+    connect_to_each_other(&a, &b, &path, gid);
     let source = register(&pd, COUNT * BLOCK, Access::REMOTE);
     source.write(0, &pattern(3, COUNT * BLOCK));
 

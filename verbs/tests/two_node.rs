@@ -11,6 +11,10 @@ use tern_verbs::{
     QpCaps, QueuePair, SendOp, SendWork, Sge,
 };
 
+#[path = "../../testkit/include/completions.rs"]
+mod completions;
+use completions::post_and_retire;
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
@@ -44,26 +48,13 @@ fn run(
     local: Sge,
     mr: &Arc<MemoryRegion>,
 ) -> Result<(), CompletionError> {
-    let mut work = vec![SendWork {
+    let work = SendWork {
         op,
         local,
         guard: mr.clone(),
         user: 0,
-    }];
-    qp.post_send(&mut work).unwrap();
-    let mut out = Vec::new();
-    let started = Instant::now();
-    while qp.cq().poll(&mut out, 1).unwrap() == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "no completion"
-        );
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    let completion = out.pop().unwrap();
-    let status = completion.status();
-    qp.retire(completion, &mut Vec::new()).unwrap();
-    status
+    };
+    post_and_retire(qp, work)
 }
 
 #[test]

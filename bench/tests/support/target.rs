@@ -101,6 +101,41 @@ pub fn tern_bench(prefix: &[&str]) -> Command {
     }
 }
 
+/// `tern-bench --mode=initiator`, named `name`, against `segment` through `metadata`:
+/// `operation` for `seconds`, verifying every block; its JSON report, once it succeeded.
+pub fn initiator_through(
+    metadata: &str,
+    name: &str,
+    segment: &str,
+    operation: &str,
+    seconds: &str,
+) -> serde_json::Value {
+    let output = tern_bench(&[])
+        .args([
+            "--mode=initiator",
+            &format!("--metadata_server={metadata}"),
+            &format!("--local_server_name={name}"),
+            &format!("--segment_id={segment}"),
+            &format!("--operation={operation}"),
+            "--buffer_size=16777216",
+            "--batch_size=8",
+            "--threads=1",
+            &format!("--duration={seconds}"),
+            "--verify",
+            "--json",
+        ])
+        .env("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "initiator: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
 /// The byte `tern-bench` keeps at `offset` of its buffer.
 pub fn target_byte(offset: usize) -> u8 {
     let x = (offset as u64 / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (offset as u64 % 8);

@@ -66,16 +66,9 @@ impl Slice {
         len: usize,
         remote_addr: u64,
     ) -> Self {
-        Self {
-            local_addr,
-            len,
-            remote_addr,
-            opcode,
-            task: first_part as u32,
-            rank: 0,
-            submission: Some(submission),
-            run: Some(run),
-        }
+        let mut slice = Self::new(submission, opcode, first_part, local_addr, len, remote_addr);
+        slice.run = Some(run);
+        slice
     }
 
     /// The piece `[offset, offset + len)` of this slice, for `submission`, carried by route

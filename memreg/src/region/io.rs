@@ -43,12 +43,7 @@ impl RegionPin {
     ) -> io::Result<()> {
         let (mut head, mut body) = (prefix, self.slice_io(addr, len)?);
         while !head.is_empty() || !body.is_empty() {
-            let written = match sink.write_from(head, body) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
+            let written = write_some(sink, head, body)?;
             let from_head = written.min(head.len());
             head = &head[from_head..];
             body = body.skip((written - from_head).min(body.len()));
@@ -94,6 +89,23 @@ impl RegionSlice<'_> {
             return Err(io::Error::last_os_error());
         }
         Ok(sent as usize)
+    }
+}
+
+/// One `write_from` that took bytes: an interrupted call is retried and a call that took
+/// nothing is `WriteZero`, so the loops that write a whole range cannot spin.
+pub(crate) fn write_some(
+    sink: &mut impl RegionIo,
+    prefix: &[u8],
+    src: RegionSlice<'_>,
+) -> io::Result<usize> {
+    loop {
+        match sink.write_from(prefix, src) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => return Ok(written),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -33,6 +33,7 @@ mod registry;
 mod slice;
 
 pub use error::MemoryError;
+pub(crate) use io::write_some;
 pub use io::{RegionIo, Staged};
 pub use pin::{HoldsPin, Pinned, RegionPin};
 pub use raw::RegisterRaw;

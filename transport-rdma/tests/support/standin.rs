@@ -5,7 +5,6 @@
 //! active-side frames to a Tern node.
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -16,6 +15,10 @@ use tern_verbs::{
     Access, CompletionError, CompletionQueue, Context, Gid, PathConfig, Peer, ProtectionDomain,
     QpCaps, QueuePair, SendOp, SendWork, Sge,
 };
+
+#[path = "../../../testkit/include/completions.rs"]
+mod completions;
+use completions::post_and_retire;
 
 /// The stand-in's QPs: each request holds a pin on the stand-in's memory.
 pub type StandinQp = QueuePair<RegionPin, u64>;
@@ -149,7 +152,7 @@ impl Verbs {
         offset: usize,
         len: usize,
     ) -> Result<(), CompletionError> {
-        let mut work = vec![SendWork {
+        let work = SendWork {
             op,
             local: Sge {
                 addr: (self.addr() + offset) as u64,
@@ -158,21 +161,8 @@ impl Verbs {
             },
             guard: self.pin.clone(),
             user: 1,
-        }];
-        qp.post_send(&mut work).unwrap();
-        let started = Instant::now();
-        let mut out = Vec::new();
-        while self.cq.poll(&mut out, 1).unwrap() == 0 {
-            assert!(
-                started.elapsed() < Duration::from_secs(120),
-                "no completion"
-            );
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        let completion = out.pop().unwrap();
-        let status = completion.status();
-        qp.retire(completion, &mut Vec::new()).unwrap();
-        status
+        };
+        post_and_retire(qp, work)
     }
 
     pub fn write_at(&self, offset: usize, bytes: &[u8]) {

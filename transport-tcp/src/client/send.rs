@@ -76,19 +76,18 @@ impl Window {
             }
             if self.read_headers_sent < self.read_headers.len() {
                 let unsent = self.read_headers.len() - self.read_headers_sent;
-                match io::Write::write(stream, &self.read_headers[self.read_headers_sent..]) {
-                    Ok(0) => return Err(Failure::Io(io::ErrorKind::WriteZero.into())),
-                    Ok(n) => {
+                let headers = &self.read_headers[self.read_headers_sent..];
+                match Wrote::from(io::Write::write(stream, headers))? {
+                    Wrote::Bytes(n) => {
                         self.read_headers_sent += n;
                         self.marks.sent(n, unsent);
                         step = Step::Moved;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    Wrote::Blocked => {
                         self.marks.send_blocked();
                         return Ok(step);
                     }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(Failure::Io(e)),
+                    Wrote::Interrupted => {}
                 }
                 continue;
             }
@@ -153,25 +152,45 @@ impl Window {
                         .and_then(|body| stream.write_from(head, body)),
                     Opcode::Read => io::Write::write(stream, head),
                 };
-                match result {
-                    Ok(0) => return Err(Failure::Io(io::ErrorKind::WriteZero.into())),
-                    Ok(n) => {
+                match Wrote::from(result)? {
+                    Wrote::Bytes(n) => {
                         self.marks.sent(n, total - sending.sent);
                         sending.sent += n;
                         step = Step::Moved;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    Wrote::Blocked => {
                         self.marks.send_blocked();
                         return Ok(step);
                     }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(Failure::Io(e)),
+                    Wrote::Interrupted => {}
                 }
             }
             if let Some(done) = self.sending.take() {
                 self.awaiting
                     .push_back(Awaiting::new(done.slice, done.header.status_len));
             }
+        }
+    }
+}
+
+/// What one write on the non-blocking socket did, its errors sorted out.
+enum Wrote {
+    /// This many bytes went (never 0: a write of nothing is the peer gone, an error).
+    Bytes(usize),
+    /// The socket's send buffer is full: wait for it to drain.
+    Blocked,
+    /// A signal interrupted the call: try it again.
+    Interrupted,
+}
+
+impl Wrote {
+    fn from(result: io::Result<usize>) -> Result<Self, Failure> {
+        match result {
+            Ok(0) => Err(Failure::Io(io::ErrorKind::WriteZero.into())),
+            Ok(n) => Ok(Self::Bytes(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Self::Blocked),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(Self::Interrupted),
+            Err(e) => Err(Failure::Io(e)),
         }
     }
 }
