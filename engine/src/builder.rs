@@ -272,6 +272,7 @@ impl TransferEngineBuilder {
                     ip_or_host_name: String::new(),
                     rpc_port: 0,
                 },
+                routes: Default::default(),
             })),
             local_json: RwLock::new(Arc::new(String::new())),
             segments: RwLock::new(SegmentTable::default()),

@@ -206,6 +206,7 @@ impl EngineInner {
             name: name.clone(),
             desc: desc.clone(),
             rpc: self.rpc_meta.clone(),
+            routes: Default::default(),
         });
         *self.local_json.write() = Arc::new(json);
         self.store.publish_segment(name, &desc)?;

@@ -163,6 +163,7 @@ impl EngineInner {
                         name,
                         desc,
                         rpc,
+                        routes: Default::default(),
                     }),
                 );
             }
@@ -224,6 +225,7 @@ impl EngineInner {
             name: name.to_owned(),
             desc,
             rpc,
+            routes: Default::default(),
         })
     }
 }

@@ -113,10 +113,7 @@ impl TransferEngine {
                 .as_ref()
                 .is_none_or(|(peer, _)| peer.id != request.target)
             {
-                cached = self.inner.segment(request.target).map(|peer| {
-                    let routes = self.inner.routes_to(&peer.desc);
-                    (peer, routes)
-                });
+                cached = self.inner.peer_with_routes(request.target);
             }
             let mut checked = self.check(
                 batch_inner,
@@ -133,10 +130,7 @@ impl TransferEngine {
                 // once per submit (only on this error path) before failing the task.
                 refreshed.push(request.target);
                 if self.refresh_segment(request.target).is_ok() {
-                    cached = self.inner.segment(request.target).map(|peer| {
-                        let routes = self.inner.routes_to(&peer.desc);
-                        (peer, routes)
-                    });
+                    cached = self.inner.peer_with_routes(request.target);
                     checked = self.check(
                         batch_inner,
                         task,
@@ -392,11 +386,19 @@ impl TransferEngine {
 }
 
 impl EngineInner {
+    /// A segment and the transports that reach it.
+    fn peer_with_routes(&self, id: SegmentId) -> Option<(Arc<PeerSegment>, Routes)> {
+        self.segment(id).map(|peer| {
+            let routes = peer.routes.get_or_init(|| self.routes_to(&peer.desc));
+            (peer, routes)
+        })
+    }
+
     /// The installed transports that can reach a peer, best first: by priority, the first
     /// installed among equals. The first moves its slices; a slice it declines goes to the
     /// next.
     pub(crate) fn routes_to(&self, peer: &SegmentDesc) -> Routes {
-        // On the stack: this runs once per peer in every submit.
+        // On the stack: this runs once per peer descriptor.
         let mut reach = [(std::cmp::Reverse(0u8), 0usize); Routes::MAX];
         let mut count = 0;
         for (i, t) in self.transports.iter().enumerate() {

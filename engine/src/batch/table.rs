@@ -15,7 +15,7 @@ use crate::stats::Tally;
 /// reads ([`tally_tasks`]) while the batch lives, and once more when it goes.
 #[derive(Debug)]
 pub(crate) struct TaskTable {
-    tasks: Box<[TaskState]>,
+    tasks: Tasks,
     /// `stats::clock_ns` of the submit call that took task 0 (timed batches only; 0 until
     /// then): most batches take one call, which so stores its start without a lock.
     first_start: AtomicU64,
@@ -27,15 +27,30 @@ pub(crate) struct TaskTable {
 impl std::ops::Deref for TaskTable {
     type Target = [TaskState];
     fn deref(&self) -> &[TaskState] {
-        &self.tasks
+        match &self.tasks {
+            Tasks::One(one) => one,
+            Tasks::Many(many) => many,
+        }
     }
+}
+
+/// The task states: a lone task (`transfer_sync`, a batch of one) lives in the table itself,
+/// one allocation fewer per batch; more in a slice of their own.
+#[derive(Debug)]
+enum Tasks {
+    One([TaskState; 1]),
+    Many(Box<[TaskState]>),
 }
 
 impl TaskTable {
     /// `capacity` tasks, none started.
     pub(super) fn new(capacity: usize) -> Self {
         Self {
-            tasks: (0..capacity).map(|_| TaskState::default()).collect(),
+            tasks: if capacity == 1 {
+                Tasks::One([TaskState::default()])
+            } else {
+                Tasks::Many((0..capacity).map(|_| TaskState::default()).collect())
+            },
             first_start: AtomicU64::new(0),
             starts: Mutex::default(),
         }
@@ -67,7 +82,7 @@ pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
     let (mut run, mut run_bytes, mut run_slices) = (0, 0, 0);
     // Completed tasks alike in (write, bytes, time taken) not recorded yet, and how many.
     let (mut alike, mut alike_tasks) = ((false, 0, 0), 0);
-    for (task, t) in table.tasks.iter().enumerate() {
+    for (task, t) in table.iter().enumerate() {
         while let Some(&(first, at)) = starts.get(next_start)
             && first <= task
         {

@@ -21,7 +21,9 @@ pub trait Transport: Send + Sync + 'static {
     }
 
     /// Whether this transport can reach a peer with this descriptor. The default: the peer
-    /// speaks this transport's protocol.
+    /// speaks this transport's protocol. Asked once per descriptor, on the first submit to the
+    /// peer after the transport started, and the answer kept until the descriptor is fetched
+    /// again: it must follow from the descriptor and what the transport knew at start.
     fn can_reach(&self, peer: &SegmentDesc) -> bool {
         peer.speaks(self.protocol())
     }
