@@ -65,7 +65,7 @@ pub(crate) fn plan(
     max_run: u64,
     mut each_run: impl FnMut(&[Extent]),
 ) {
-    if !merge {
+    if !merge || extents.len() == 1 {
         for extent in extents.chunks(1) {
             each_run(extent);
         }

@@ -1,9 +1,9 @@
 //! Batches: checking and slicing requests, handing slices to the transport that reaches
 //! each peer, and the synchronous helper.
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tern_metadata::SegmentDesc;
 
@@ -20,13 +20,18 @@ use crate::types::{SegmentId, TransferRequest, TransferStatus};
 /// submitted in turn, few enough that a lookup stays cheaper than a pin.
 const RECENT_SUBMISSIONS: usize = 64;
 
+/// The most entries a thread's kept lists hold room for between submits: a batch of many
+/// thousand requests makes its own, and lets it go after.
+const KEEP_ROOM_FOR: usize = 4096;
+
 /// What one submit call works in, kept by the thread between calls so that a submit
-/// allocates only the lists of slices it hands to the transports.
+/// allocates no list: the transports drain the lists of slices they are handed.
 struct Scratch {
     extents: Vec<Extent>,
     /// One pin and one shared record for the requests from one region to one peer.
     submissions: Vec<Arc<Submission>>,
-    /// The slices for each transport (same index).
+    /// The slices for each transport (same index); a transport drains its list, and the
+    /// room stays for the next submit.
     groups: Vec<Vec<Slice>>,
 }
 
@@ -45,10 +50,8 @@ impl Default for Scratch {
 }
 
 thread_local! {
-    /// Taken by a submit and put back empty when it ends: a submit made from inside
-    /// another (a completion hook run by a transport's `submit`) finds it taken and starts
-    /// with empty lists of its own.
-    static SCRATCH: Cell<Scratch> = const { Cell::new(Scratch::EMPTY) };
+    /// Borrowed by a submit for as long as it runs, and left empty.
+    static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch::EMPTY) };
 }
 
 impl TransferEngine {
@@ -60,7 +63,7 @@ impl TransferEngine {
             )));
         }
         Ok(Batch {
-            inner: Arc::new(BatchInner::timed(
+            inner: BatchInner::timed(
                 capacity,
                 self.inner.wait_spin,
                 self.inner
@@ -69,7 +72,7 @@ impl TransferEngine {
                     .then(|| self.inner.counters.clone()),
                 self.inner.helpers.clone(),
                 self.inner.weak.clone(),
-            )),
+            ),
         })
     }
 
@@ -93,19 +96,31 @@ impl TransferEngine {
     /// [`merge_requests(false)`](crate::TransferEngineBuilder::merge_requests)). Each request
     /// stays its own task, with its own status and bytes.
     pub fn submit(&self, batch: &Batch, requests: &[TransferRequest]) -> Result<(), EngineError> {
+        SCRATCH.with(|kept| match kept.try_borrow_mut() {
+            Ok(mut scratch) => self.submit_with(batch, requests, &mut scratch),
+            // A submit made from inside another (a completion hook run by a transport's
+            // `submit`) finds the thread's lists in use and starts with empty ones.
+            Err(_) => self.submit_with(batch, requests, &mut Scratch::default()),
+        })
+    }
+
+    fn submit_with(
+        &self,
+        batch: &Batch,
+        requests: &[TransferRequest],
+        scratch: &mut Scratch,
+    ) -> Result<(), EngineError> {
         let batch_inner = &batch.inner;
-        let first = batch_inner.reserve(requests.len())?;
-        if let Some(timeout) = self.inner.transfer_timeout {
-            batch_inner.set_deadline_if_unset(Instant::now() + timeout);
-        }
+        let first =
+            batch_inner.reserve_with_timeout(requests.len(), self.inner.transfer_timeout)?;
         // The peer of the request before, and its routes: a batch usually has one peer.
         let mut cached: Option<(Arc<PeerSegment>, Routes)> = None;
         let mut refreshed: Vec<SegmentId> = Vec::new();
         let Scratch {
-            mut extents,
-            mut submissions,
-            mut groups,
-        } = SCRATCH.take();
+            extents,
+            submissions,
+            groups,
+        } = scratch;
         extents.reserve(requests.len());
         for (i, request) in requests.iter().enumerate() {
             let task = first + i;
@@ -115,13 +130,7 @@ impl TransferEngine {
             {
                 cached = self.inner.peer_with_routes(request.target);
             }
-            let mut checked = self.check(
-                batch_inner,
-                task,
-                request,
-                cached.as_ref(),
-                &mut submissions,
-            );
+            let mut checked = self.check(batch_inner, task, request, cached.as_ref(), submissions);
             if let Err(TransferError::TargetOutOfRange { .. }) = checked
                 && request.target != SegmentId::LOCAL
                 && !refreshed.contains(&request.target)
@@ -131,13 +140,7 @@ impl TransferEngine {
                 refreshed.push(request.target);
                 if self.refresh_segment(request.target).is_ok() {
                     cached = self.inner.peer_with_routes(request.target);
-                    checked = self.check(
-                        batch_inner,
-                        task,
-                        request,
-                        cached.as_ref(),
-                        &mut submissions,
-                    );
+                    checked = self.check(batch_inner, task, request, cached.as_ref(), submissions);
                 }
             }
             match checked {
@@ -147,27 +150,27 @@ impl TransferEngine {
         }
         groups.resize_with(self.inner.transports.len(), Vec::new);
         let expected = extents.len();
-        plan(
-            &mut extents,
-            self.inner.merge_requests,
-            MAX_TASK_BYTES,
-            |run| self.cut_run(batch_inner, run, &submissions, &mut groups, expected),
-        );
+        plan(extents, self.inner.merge_requests, MAX_TASK_BYTES, |run| {
+            self.cut_run(batch_inner, run, submissions, groups, expected)
+        });
         batch_inner.publish(first + requests.len());
         extents.clear();
-        for (transport, slices) in self.inner.transports.iter().zip(&mut groups) {
+        for (transport, slices) in self.inner.transports.iter().zip(groups.iter_mut()) {
             if !slices.is_empty() {
-                transport.submit(std::mem::take(slices));
+                transport.submit(slices);
+                // What the transport left is dropped, and so fails.
+                slices.clear();
+            }
+            if slices.capacity() > KEEP_ROOM_FOR {
+                *slices = Vec::new();
             }
         }
         // The batch's tasks may have ended by now: this call's hold on the pins goes before
         // it returns, as it did when the list was the call's own.
         submissions.clear();
-        SCRATCH.set(Scratch {
-            extents,
-            submissions,
-            groups,
-        });
+        if extents.capacity() > KEEP_ROOM_FOR {
+            *extents = Vec::new();
+        }
         Ok(())
     }
 
@@ -227,7 +230,6 @@ impl TransferEngine {
                     peer.clone(),
                     batch.clone(),
                     *routes,
-                    &self.inner,
                 )));
                 submissions.len() - 1
             }
@@ -282,7 +284,7 @@ impl TransferEngine {
         );
         let (opcode, local, remote) = (head.opcode, head.local, head.remote);
         let group = &mut groups[transport_index];
-        if group.capacity() == 0 {
+        if group.is_empty() {
             // Room for a slice per request at once: most requests are one slice.
             group.reserve(cuts.count().max(expected));
         }

@@ -410,3 +410,72 @@ fn a_slice_given_up_while_its_task_runs_fails_the_task() {
     }
     assert!(batch.task_status(1).unwrap().remote_may_change);
 }
+
+/// A batch's tasks count once, whether the stats are read while it lives or after it went,
+/// and a reader racing batches as they go never sees a count go down or a batch's bytes
+/// counted twice.
+#[test]
+fn stats_count_each_batch_once_while_batches_go_under_a_reader() {
+    const BATCHES: usize = 200;
+    const LEN: usize = 1000;
+    let (engine, transport) = engine();
+    let engine = std::sync::Arc::new(engine);
+    let buffers = [
+        engine.allocate(1 << 16, "cpu:0").unwrap(),
+        engine.allocate(1 << 16, "cpu:0").unwrap(),
+    ];
+    let request = TransferRequest::write(
+        buffers[0].addr(),
+        SegmentId::LOCAL,
+        buffers[1].addr() as u64,
+        LEN,
+    );
+    let hold_bytes = |engine: &TransferEngine| engine.stats().transports[0].bytes;
+
+    // One batch read while it lives, then after it went.
+    let batch = engine.allocate_batch(1).unwrap();
+    engine.submit(&batch, &[request]).unwrap();
+    for slice in transport.take() {
+        slice.complete();
+    }
+    assert_eq!(
+        hold_bytes(&engine),
+        LEN as u64,
+        "a live batch's tasks count"
+    );
+    engine.free_batch(&batch).unwrap();
+    drop(batch);
+    assert_eq!(
+        hold_bytes(&engine),
+        LEN as u64,
+        "a gone batch's tasks count once"
+    );
+
+    // Batches going on this thread while another reads.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (engine, done) = (engine.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut last = 0;
+            let mut reads = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Acquire) || reads == 0 {
+                let now = hold_bytes(&engine);
+                assert!(now >= last, "the count went down: {last} -> {now}");
+                assert!(now <= ((BATCHES + 1) * LEN) as u64, "counted twice: {now}");
+                last = now;
+                reads += 1;
+            }
+        })
+    };
+    for _ in 0..BATCHES {
+        let batch = engine.allocate_batch(1).unwrap();
+        engine.submit(&batch, &[request]).unwrap();
+        for slice in transport.take() {
+            slice.complete();
+        }
+        assert_eq!(batch.wait(Duration::from_secs(5)).completed, 1);
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    reader.join().unwrap();
+    assert_eq!(hold_bytes(&engine), ((BATCHES + 1) * LEN) as u64);
+}

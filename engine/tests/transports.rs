@@ -80,8 +80,8 @@ impl Transport for Stub {
     fn max_slice_size(&self) -> usize {
         self.slice_size
     }
-    fn submit(&self, slices: Vec<Slice>) {
-        for slice in slices {
+    fn submit(&self, slices: &mut Vec<Slice>) {
+        for slice in slices.drain(..) {
             if slice.local_addr >= self.decline_from {
                 self.declined.fetch_add(1, Ordering::Relaxed);
                 slice.decline("that memory is out of reach");
@@ -377,8 +377,8 @@ impl Transport for Cutter {
     fn max_slice_size(&self) -> usize {
         64 << 10
     }
-    fn submit(&self, slices: Vec<Slice>) {
-        for slice in slices {
+    fn submit(&self, slices: &mut Vec<Slice>) {
+        for slice in slices.drain(..) {
             slice.cut(3, 4096, |k, piece| {
                 self.pieces
                     .lock()

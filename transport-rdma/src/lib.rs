@@ -504,9 +504,9 @@ impl Transport for RdmaTransport {
         })
     }
 
-    fn submit(&self, slices: Vec<Slice>) {
+    fn submit(&self, slices: &mut Vec<Slice>) {
         let Some(shared) = self.running() else {
-            for slice in slices {
+            for slice in slices.drain(..) {
                 slice.fail(TransferError::Dropped(
                     "the RDMA transport is not started".into(),
                 ));
@@ -519,7 +519,7 @@ impl Transport for RdmaTransport {
             .collect();
         let mut cache = RouteCache::default();
         let first = shared.stripe.fetch_add(slices.len(), Ordering::Relaxed);
-        for (i, slice) in slices.into_iter().enumerate() {
+        for (i, slice) in slices.drain(..).enumerate() {
             if !slice.is_live() {
                 slice.abandon();
                 continue;

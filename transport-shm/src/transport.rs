@@ -183,9 +183,9 @@ impl Transport for ShmTransport {
         self.config.slice_size.max(1)
     }
 
-    fn submit(&self, slices: Vec<Slice>) {
+    fn submit(&self, slices: &mut Vec<Slice>) {
         let Some(running) = self.running.get() else {
-            for slice in slices {
+            for slice in slices.drain(..) {
                 slice.decline("the shared-memory transport is not started");
             }
             return;
@@ -195,7 +195,9 @@ impl Transport for ShmTransport {
         }
         // Spread over the copy threads and the thread that will wait for the batch (it
         // helps: `help`).
-        running.hands.share_out(slices, &running.links);
+        running
+            .hands
+            .share_out(std::mem::take(slices), &running.links);
     }
 
     fn offers_help(&self) -> bool {

@@ -233,9 +233,9 @@ impl Transport for TcpTransport {
         self.config.slice_size.max(1)
     }
 
-    fn submit(&self, slices: Vec<Slice>) {
+    fn submit(&self, slices: &mut Vec<Slice>) {
         let Some(running) = self.running.get() else {
-            for slice in slices {
+            for slice in slices.drain(..) {
                 slice.fail(tern_engine::TransferError::Dropped(
                     "TCP transport not started".into(),
                 ));
@@ -244,7 +244,7 @@ impl Transport for TcpTransport {
         };
         // Runs of slices to one peer view (a submit usually has one) go to its pool together;
         // the pool is looked up once per run, by the peer's address.
-        let mut slices = slices.into_iter().peekable();
+        let mut slices = slices.drain(..).peekable();
         while let Some(first) = slices.next() {
             let peer = first.peer().clone();
             let pool = Self::pool(

@@ -16,7 +16,7 @@ pub struct ThreadedTransport {
 }
 
 /// All of them end now, as a real transport learns of many ends in one poll.
-fn complete_all(slices: Vec<Slice>) {
+fn complete_all(slices: impl IntoIterator<Item = Slice>) {
     let _together = ReportTogether::begin();
     for slice in slices {
         slice.complete();
@@ -67,12 +67,14 @@ impl Transport for ThreadedTransport {
     fn max_slice_size(&self) -> usize {
         self.slice_size
     }
-    fn submit(&self, slices: Vec<Slice>) {
+    fn submit(&self, slices: &mut Vec<Slice>) {
         match &self.to_worker {
+            // The worker thread takes the list: a real transport hands its slices to another
+            // thread too.
             Some(to_worker) => {
-                let _ = to_worker.send(slices);
+                let _ = to_worker.send(std::mem::take(slices));
             }
-            None => complete_all(slices),
+            None => complete_all(slices.drain(..)),
         }
     }
     fn shutdown(&self) {}

@@ -38,8 +38,9 @@ impl BatchInner {
         self.deadline_ns.store(ns, Ordering::Relaxed);
     }
 
-    pub(crate) fn set_deadline_if_unset(&self, at: Instant) {
-        let ns = (at.saturating_duration_since(epoch()).as_nanos() as u64).max(1);
+    /// Gives the batch a deadline at `ns` (`stats::clock_ns`) unless it has one.
+    pub(super) fn set_deadline_ns_if_unset(&self, ns: u64) {
+        let ns = ns.max(1);
         let _ = self
             .deadline_ns
             .compare_exchange(0, ns, Ordering::Relaxed, Ordering::Relaxed);
@@ -54,6 +55,7 @@ impl BatchInner {
 
     /// Times out every unfinished task once the deadline has passed, and asks the
     /// transports to cut off the slices of ended tasks still out.
+    #[inline]
     pub(super) fn enforce_deadline(&self) {
         if self.unfinished.load(Ordering::Acquire) > 0 && self.past_deadline() {
             for task in 0..self.submitted.load(Ordering::Acquire) {
@@ -65,10 +67,17 @@ impl BatchInner {
 
     /// Asks every transport to cut off the slices of ended tasks, if this batch has tasks
     /// waiting for theirs (at most every [`CUT_AGAIN`]).
+    #[inline]
     fn cut_off_ended(&self) {
-        if self.ending.load(Ordering::SeqCst) == 0 {
-            return;
+        if self.ending.load(Ordering::SeqCst) != 0 {
+            self.cut_off_ended_now();
         }
+    }
+
+    /// The rest of [`cut_off_ended`](Self::cut_off_ended), once tasks have ended with slices
+    /// out: apart, so that the check above costs a status read only a load.
+    #[cold]
+    fn cut_off_ended_now(&self) {
         let now = clock_ns();
         let last = self.last_cut_ns.load(Ordering::Relaxed);
         if last != 0 && now.saturating_sub(last) < CUT_AGAIN.as_nanos() as u64 {

@@ -21,7 +21,9 @@ use crate::types::Opcode;
 
 #[derive(Debug)]
 pub(crate) struct BatchInner {
-    pub(super) tasks: Arc<TaskTable>,
+    /// In the batch's own allocation: the engine's tally reads it through a `Weak` to the
+    /// batch while the batch lives.
+    pub(crate) tasks: TaskTable,
     /// Task slots reserved.
     pub(super) reserved: AtomicUsize,
     pub(super) submitted: AtomicUsize,
@@ -38,8 +40,9 @@ pub(crate) struct BatchInner {
     /// once, without a condvar round trip.
     pub(super) spin: Duration,
     /// The engine's counters, which read this batch's tasks while it lives and take their
-    /// totals when it goes (none with metrics off).
-    pub(super) timer: Option<Arc<EngineCounters>>,
+    /// totals when it goes, and count what the tasks' words do not (a slice another
+    /// transport carried, a failure); none with metrics off, when they count nothing.
+    pub(crate) timer: Option<Arc<EngineCounters>>,
     /// Transports a waiter may help instead of spinning.
     pub(super) helpers: Option<Helpers>,
     /// Hooks waiting for the batch to go idle; `has_hooks` lets finishers skip the lock
@@ -51,28 +54,40 @@ pub(crate) struct BatchInner {
     /// When the transports were last asked to cut off (`stats::clock_ns`).
     pub(super) last_cut_ns: AtomicU64,
     /// The engine, whose transports cut off the slices of ended tasks.
-    pub(super) engine: Weak<EngineInner>,
+    pub(crate) engine: Weak<EngineInner>,
 }
 
 impl BatchInner {
     #[cfg(test)]
     pub(crate) fn new(capacity: usize) -> Self {
-        Self::timed(capacity, Duration::ZERO, None, None, Weak::new())
+        Self::untracked(capacity, Duration::ZERO, None, None, Weak::new())
     }
 
+    /// A batch of `capacity` tasks, which `timer` (if any) tallies while it lives and once
+    /// more when it goes.
     pub(crate) fn timed(
         capacity: usize,
         spin: Duration,
         timer: Option<Arc<EngineCounters>>,
         helpers: Option<Helpers>,
         engine: Weak<EngineInner>,
-    ) -> Self {
-        let tasks = Arc::new(TaskTable::new(capacity));
-        if let Some(timer) = &timer {
-            timer.track_batch(tasks.clone());
+    ) -> Arc<Self> {
+        let batch = Arc::new(Self::untracked(capacity, spin, timer, helpers, engine));
+        if let Some(timer) = &batch.timer {
+            timer.track_batch(Arc::downgrade(&batch));
         }
+        batch
+    }
+
+    fn untracked(
+        capacity: usize,
+        spin: Duration,
+        timer: Option<Arc<EngineCounters>>,
+        helpers: Option<Helpers>,
+        engine: Weak<EngineInner>,
+    ) -> Self {
         Self {
-            tasks,
+            tasks: TaskTable::new(capacity),
             reserved: AtomicUsize::new(0),
             submitted: AtomicUsize::new(0),
             unfinished: AtomicUsize::new(0),
@@ -97,7 +112,19 @@ impl BatchInner {
     }
 
     /// Reserves `n` task slots; returns the first index.
+    #[cfg(test)]
     pub(crate) fn reserve(&self, n: usize) -> Result<usize, EngineError> {
+        self.reserve_with_timeout(n, None)
+    }
+
+    /// Reserves `n` task slots, and gives the batch a deadline `timeout` from now unless it
+    /// has one; returns the first index. One clock reading serves the deadline and the
+    /// tasks' start.
+    pub(crate) fn reserve_with_timeout(
+        &self,
+        n: usize,
+        timeout: Option<Duration>,
+    ) -> Result<usize, EngineError> {
         if self.freed.load(Ordering::Acquire) {
             return Err(EngineError::BatchFreed);
         }
@@ -112,11 +139,18 @@ impl BatchInner {
                 room: capacity - used,
                 requested: n,
             })?;
-        if self.timer.is_some() {
-            // The tasks' start, one record for the call: a task stores nothing for metrics.
-            // The tasks start after this returns, so a reader that sees them started sees
-            // the record too.
-            self.tasks.record_start(first, clock_ns());
+        if self.timer.is_some() || timeout.is_some() {
+            let now = clock_ns();
+            if self.timer.is_some() {
+                // The tasks' start, one record for the call: a task stores nothing for
+                // metrics. The tasks start after this returns, so a reader that sees them
+                // started sees the record too.
+                self.tasks.record_start(first, now);
+            }
+            if let Some(timeout) = timeout {
+                let at = now.saturating_add(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX));
+                self.set_deadline_ns_if_unset(at);
+            }
         }
         self.unfinished.fetch_add(n, Ordering::SeqCst);
         Ok(first)
@@ -129,6 +163,7 @@ impl BatchInner {
 
     /// Starts `task`: `slices` of `opcode`, going to transport `first` (an index into the
     /// engine's list) first — the words the task keeps anyway, so metrics store nothing here.
+    #[inline]
     pub(crate) fn start_task(&self, task: usize, slices: u32, opcode: Opcode, first: usize) {
         let t = &self.tasks[task];
         let write = if opcode == Opcode::Write {
@@ -341,7 +376,7 @@ impl Drop for BatchInner {
     fn drop(&mut self) {
         // Every slice has reported (each held the batch): the tasks are as they end.
         if let Some(timer) = &self.timer {
-            timer.add_batch_totals(&self.tasks);
+            timer.add_batch_totals(self);
         }
     }
 }

@@ -1,13 +1,13 @@
 //! [`EngineCounters`]: what one engine counts itself, per transport, and the tally it reads
 //! off its batches' tasks.
 
-use std::sync::Arc;
+use std::sync::Weak;
 
 use parking_lot::Mutex;
 
 use super::shards::{Shard, Shards, TransportCells};
 use super::tally::{TalliedBatches, Tally};
-use crate::batch::TaskTable;
+use crate::batch::BatchInner;
 
 /// An engine's counts: per transport (same index) and the latency histograms. What does
 /// not fit a task's words is counted in one shard per thread that counted; the rest is
@@ -64,21 +64,33 @@ impl EngineCounters {
     }
 
     /// The tasks of a new batch, to be read by [`tally`](Self::tally) while it lives.
-    pub(crate) fn track_batch(&self, tasks: Arc<TaskTable>) {
+    pub(crate) fn track_batch(&self, batch: Weak<BatchInner>) {
         if self.enabled {
-            self.tallied.lock().track(tasks);
+            self.tallied.lock().track(batch);
         }
     }
 
     /// A batch goes: what its tasks did joins the engine's totals, once, and they are no
     /// longer read live.
-    pub(crate) fn add_batch_totals(&self, tasks: &Arc<TaskTable>) {
-        self.tallied.lock().add_totals(tasks);
+    pub(crate) fn add_batch_totals(&self, batch: &BatchInner) {
+        self.tallied.lock().add_totals(batch);
     }
 
     /// What every task so far moved and took.
     pub(crate) fn tally(&self) -> Tally {
-        self.tallied.lock().tally()
+        loop {
+            let mut tallied = self.tallied.lock();
+            if let Some((tally, live)) = tallied.tally() {
+                drop(tallied);
+                // The last hold on a batch may go here, after the lock: its going takes it.
+                drop(live);
+                return tally;
+            }
+            // A batch is going and has not joined the totals yet: it is about to, under the
+            // lock this lets go.
+            drop(tallied);
+            std::thread::yield_now();
+        }
     }
 
     /// `(bytes, slices, failures)` of one transport, with `tally` from [`tally`](Self::tally).

@@ -1,11 +1,11 @@
 //! The tally read off the tasks: what each transport moved and how long tasks took
 //! ([`Tally`]), and the batches an engine reads it off ([`TalliedBatches`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::latency::{Histogram, LATENCY_BUCKETS_US, SIZE_CLASSES, size_class};
 use super::report::LatencyStats;
-use crate::batch::{TaskTable, tally_tasks};
+use crate::batch::{BatchInner, tally_tasks};
 use crate::transport::Routes;
 
 /// What tasks moved and how long they took, read off the tasks: per transport `(bytes,
@@ -66,7 +66,8 @@ impl Tally {
 pub(super) struct TalliedBatches {
     /// What the tasks of batches gone had moved and taken, added once as each went.
     gone: Tally,
-    live: Vec<Arc<TaskTable>>,
+    /// The batches that live: a `Weak`, so that tracking a batch does not keep it.
+    live: Vec<Weak<BatchInner>>,
     /// Per transport, the `(bytes, slices)` last shown: a slice carried by another
     /// transport than its task's first is taken off the first's count a moment after it
     /// shows on the task, and a reader between the two would see the first's count drop;
@@ -75,29 +76,36 @@ pub(super) struct TalliedBatches {
 }
 
 impl TalliedBatches {
-    /// The tasks of a new batch, read by [`tally`](Self::tally) while it lives.
-    pub(super) fn track(&mut self, tasks: Arc<TaskTable>) {
-        self.live.push(tasks);
+    /// A new batch, whose tasks [`tally`](Self::tally) reads while it lives.
+    pub(super) fn track(&mut self, batch: Weak<BatchInner>) {
+        self.live.push(batch);
     }
 
     /// A batch goes: what its tasks did joins the totals of batches gone, once.
-    pub(super) fn add_totals(&mut self, tasks: &Arc<TaskTable>) {
-        if let Some(at) = self.live.iter().position(|t| Arc::ptr_eq(t, tasks)) {
-            let gone = self.live.swap_remove(at);
-            tally_tasks(&gone, &mut self.gone);
+    pub(super) fn add_totals(&mut self, batch: &BatchInner) {
+        let going: *const BatchInner = batch;
+        if let Some(at) = self.live.iter().position(|b| b.as_ptr() == going) {
+            self.live.swap_remove(at);
+            tally_tasks(&batch.tasks, &mut self.gone);
         }
     }
 
-    /// What every task so far moved and took.
-    pub(super) fn tally(&mut self) -> Tally {
+    /// What every task so far moved and took, with a hold on each batch read, for the
+    /// caller to let go once it no longer holds this tally's lock (the last hold on a batch
+    /// adds its totals, which takes the lock). `None` while a batch is going but has not
+    /// joined the totals yet: its tasks can be read neither here nor among the gone, and
+    /// counters never go down; the caller lets go of the lock and asks again.
+    pub(super) fn tally(&mut self) -> Option<(Tally, Vec<Arc<BatchInner>>)> {
+        let live: Vec<Arc<BatchInner>> =
+            self.live.iter().map(Weak::upgrade).collect::<Option<_>>()?;
         let mut tally = self.gone.clone();
-        for tasks in &self.live {
-            tally_tasks(tasks, &mut tally);
+        for batch in &live {
+            tally_tasks(&batch.tasks, &mut tally);
         }
         for (now, shown) in tally.moved.iter_mut().zip(self.shown.iter_mut()) {
             *now = (now.0.max(shown.0), now.1.max(shown.1));
             *shown = *now;
         }
-        tally
+        Some((tally, live))
     }
 }

@@ -83,11 +83,14 @@ pub trait Transport: Send + Sync + 'static {
         None
     }
 
-    /// Takes slices to move. Must not block on I/O: outcomes are reported later through
-    /// [`Slice::complete`] / [`Slice::fail`], typically from worker threads. A slice this
-    /// transport cannot carry goes back with [`Slice::decline`], and the engine offers it to
-    /// the next transport that reaches the peer.
-    fn submit(&self, slices: Vec<Slice>);
+    /// Takes slices to move, out of `slices`: drain it, or take the whole list. The list
+    /// stays the engine's, whose next submit reuses its room (a transport that takes the
+    /// whole list costs that submit an allocation); a slice left in it fails as dropped.
+    /// Must not block on I/O: outcomes are reported later through [`Slice::complete`] /
+    /// [`Slice::fail`], typically from worker threads. A slice this transport cannot carry
+    /// goes back with [`Slice::decline`], and the engine offers it to the next transport
+    /// that reaches the peer.
+    fn submit(&self, slices: &mut Vec<Slice>);
 
     /// Whether a thread waiting for a batch may lend this transport a hand
     /// ([`help`](Transport::help)): for transports whose work is CPU work anyone can do

@@ -24,8 +24,7 @@ impl Slice {
     pub fn decline_with(mut self, error: TransferError) {
         let submission = self.submission();
         let next = self.rank as usize + 1;
-        let (Some(transport), Some(engine)) =
-            (submission.routes.get(next), submission.engine.upgrade())
+        let (Some(transport), Some(engine)) = (submission.routes.get(next), submission.engine())
         else {
             return self.fail(error);
         };
@@ -42,7 +41,7 @@ impl Slice {
         );
         if cuts.count() <= 1 {
             self.rank = next as u8;
-            return next_transport.submit(vec![self]);
+            return next_transport.submit(&mut vec![self]);
         }
         // Too large for the next transport: cut again to its slice size. The tasks count the
         // extra slices before any of them can report (this one has not).
@@ -50,11 +49,11 @@ impl Slice {
             return;
         };
         self.count_cuts(&submission, cuts.pieces().skip(1).map(|(offset, _)| offset));
-        let slices = cuts
+        let mut slices = cuts
             .pieces()
             .map(|(offset, len)| self.piece(submission.clone(), offset, len, next as u8))
             .collect();
         drop(submission);
-        next_transport.submit(slices);
+        next_transport.submit(&mut slices);
     }
 }

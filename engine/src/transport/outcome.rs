@@ -111,9 +111,15 @@ impl Slice {
             // What the tasks' first transport moved is read off the tasks; a declined slice's
             // next transport counts its own.
             Outcome::Done if self.rank != 0 => {
-                submission.counters.moved(transport, self.len as u64);
+                if let Some(counters) = &batch.timer {
+                    counters.moved(transport, self.len as u64);
+                }
             }
-            Outcome::Failed { .. } => submission.counters.failed(transport),
+            Outcome::Failed { .. } => {
+                if let Some(counters) = &batch.timer {
+                    counters.failed(transport);
+                }
+            }
             _ => {}
         }
         for (i, (task, bytes)) in self.tasks().enumerate() {

@@ -1,6 +1,6 @@
 //! [`Submission`]: what the slices of one submit call from one region to one peer share.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use tern_memreg::{HoldsPin, RegionPin};
 
@@ -8,7 +8,6 @@ use super::routes::Routes;
 use super::segment::PeerSegment;
 use crate::batch::BatchInner;
 use crate::engine::EngineInner;
-use crate::stats::EngineCounters;
 
 /// What the slices of one submit call share when they come from one local region and go to
 /// one peer: the pin on that region (one for all of them), the peer, the batch their
@@ -23,9 +22,6 @@ pub struct Submission {
     /// The installed transports that reach the peer, best first (indices into the
     /// engine's list).
     pub(super) routes: Routes,
-    pub(super) counters: Arc<EngineCounters>,
-    /// To offer a declined slice to the next transport.
-    pub(super) engine: Weak<EngineInner>,
 }
 
 impl HoldsPin for Submission {
@@ -40,16 +36,19 @@ impl Submission {
         peer: Arc<PeerSegment>,
         batch: Arc<BatchInner>,
         routes: Routes,
-        engine: &EngineInner,
     ) -> Self {
         Self {
             local,
             peer,
             batch,
             routes,
-            counters: engine.counters.clone(),
-            engine: engine.weak.clone(),
         }
+    }
+
+    /// The engine, to offer a declined slice to the next transport: reached through the
+    /// batch, which every submission holds anyway.
+    pub(super) fn engine(&self) -> Option<Arc<EngineInner>> {
+        self.batch.engine.upgrade()
     }
 
     /// Whether `[addr, addr + len)` lies in this submission's pinned region.

@@ -75,8 +75,8 @@ impl Transport for HoldingTransport {
     fn max_slice_size(&self) -> usize {
         4096
     }
-    fn submit(&self, slices: Vec<Slice>) {
-        self.held.lock().unwrap().extend(slices);
+    fn submit(&self, slices: &mut Vec<Slice>) {
+        self.held.lock().unwrap().append(slices);
     }
     fn offers_help(&self) -> bool {
         self.offers_help
