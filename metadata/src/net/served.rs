@@ -128,18 +128,20 @@ impl<S: Read> Served<S> {
     /// the peer closed before sending one (a bare connect-and-close, a port probe, the
     /// shutdown wake-up: no refusal, nothing logged), or the wait failed (logged as `what`'s).
     pub fn await_opening_byte(&mut self, what: &str) -> Option<[u8; 1]> {
+        self.opening_byte().unwrap_or_else(|e| {
+            tracing::warn!(
+                "{what} from {}: {e} before its request; dropping it",
+                self.peer
+            );
+            None
+        })
+    }
+
+    /// As [`await_opening_byte`](Self::await_opening_byte), with the failed wait given back
+    /// instead of logged: for a handler whose refusal reason it is.
+    pub fn opening_byte(&mut self) -> io::Result<Option<[u8; 1]>> {
         let mut first = [0u8; 1];
-        match self.await_frame(&mut first) {
-            Ok(1..) => Some(first),
-            Ok(0) => None,
-            Err(e) => {
-                tracing::warn!(
-                    "{what} from {}: {e} before its request; dropping it",
-                    self.peer
-                );
-                None
-            }
-        }
+        Ok((self.await_frame(&mut first)? > 0).then_some(first))
     }
 
     /// The stream, read under a deadline of `frame_deadline` from now (or the opening's end,

@@ -163,10 +163,9 @@ fn authenticate(
     secret: &ClusterSecret,
     me: &Identity,
 ) -> Result<bool, String> {
-    let mut first = [0u8; 1];
-    if served.await_frame(&mut first).map_err(|e| e.to_string())? == 0 {
+    let Some(first) = served.opening_byte().map_err(|e| e.to_string())? else {
         return Ok(false);
-    }
+    };
     let mut frame = served.frame();
     let mut stream = Replayed::new(&first, &mut frame);
     if let Err(e) = auth::server_handshake(&mut stream, secret, Channel::TcpData, me) {
