@@ -38,7 +38,7 @@ pub use device::{STAGE_CHUNK, Stage};
 pub use map::{MapError, RegionMap};
 pub use numa::{numa_node_of, resolve_location};
 pub use region::{
-    HoldsPin, MemoryError, MemoryKind, MemoryRegistry, Pinned, Region, RegionInfo, RegionIo,
-    RegionPin, RegionSlice, RegisterRaw, Staged,
+    HoldsPin, MAX_FRAMES_PER_SEND, MemoryError, MemoryKind, MemoryRegistry, Pinned, Region,
+    RegionInfo, RegionIo, RegionPin, RegionSlice, RegisterRaw, Staged, send_frames,
 };
 pub use socket::{Ready, recv_now, wait_ready};

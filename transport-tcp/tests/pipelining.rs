@@ -82,3 +82,86 @@ fn reads_and_writes_mixed_in_one_batch_complete_over_small_socket_buffers() {
         "the writes landed the wrong bytes"
     );
 }
+
+/// Small writes one after another leave a lane gathered into one `sendmsg(2)`; with 32 KiB
+/// socket buffers a call takes part of the run and ends inside one of its requests. Every
+/// write must land whole, in place, and the bytes between them stay untouched — with reads
+/// among the writes, which end a run.
+#[test]
+fn runs_of_small_writes_sent_together_land_whole_over_small_socket_buffers() {
+    let config = TcpConfig {
+        socket_buffer_bytes: Some(32 << 10),
+        io_timeout: Duration::from_secs(3),
+        connections_per_peer: 1,
+        ..TcpConfig::default()
+    };
+    let target = engine(&config);
+    let initiator = engine(&config);
+    let remote = target.allocate(8 * MIB, "cpu:0").unwrap();
+    let local = initiator.allocate(8 * MIB, "cpu:0").unwrap();
+    let source = pattern(7, 4 * MIB);
+    local.write_at(0, &source).unwrap();
+    remote.write_at(0, &pattern(3, 8 * MIB)).unwrap();
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    // 300 writes of uneven sizes with a gap after each (so that none merge), every tenth
+    // request a read of the target's second half into the initiator's.
+    let mut requests = Vec::new();
+    let mut writes = Vec::new();
+    let mut at = 0;
+    for i in 0..300usize {
+        let len = 700 + (i * 977) % 9000;
+        if i % 10 == 9 {
+            let offset = 4 * MIB + at;
+            requests.push(TransferRequest::read(
+                local.addr() + offset,
+                peer,
+                (remote.addr() + offset) as u64,
+                len,
+            ));
+        } else {
+            requests.push(TransferRequest::write(
+                local.addr() + at,
+                peer,
+                (remote.addr() + at) as u64,
+                len,
+            ));
+            writes.push((at, len));
+        }
+        at += len + 64;
+    }
+    let batch = initiator.allocate_batch(requests.len()).unwrap();
+    initiator.submit(&batch, &requests).unwrap();
+    batch.wait(Duration::from_secs(120));
+    for task in 0..requests.len() {
+        assert_eq!(
+            batch.task_status(task).unwrap().status,
+            TransferStatus::Completed,
+            "task {task}"
+        );
+    }
+    let mut landed = vec![0u8; 4 * MIB];
+    remote.read_at(0, &mut landed).unwrap();
+    let mut expected = pattern(3, 4 * MIB);
+    for &(at, len) in &writes {
+        expected[at..at + len].copy_from_slice(&source[at..at + len]);
+    }
+    let wrong = landed.iter().zip(&expected).position(|(a, b)| a != b);
+    assert_eq!(
+        wrong, None,
+        "the first wrong byte of the target's first half"
+    );
+    let mut read_back = vec![0u8; 4 * MIB];
+    local.read_at(4 * MIB, &mut read_back).unwrap();
+    let mut target_half = vec![0u8; 4 * MIB];
+    remote.read_at(4 * MIB, &mut target_half).unwrap();
+    for (request, task) in requests.iter().zip(0..) {
+        if task % 10 == 9 {
+            let offset = request.source - local.addr() - 4 * MIB;
+            assert!(
+                read_back[offset..offset + request.length]
+                    == target_half[offset..offset + request.length],
+                "read {task} brought the wrong bytes"
+            );
+        }
+    }
+}

@@ -64,6 +64,31 @@ impl RegionSlice<'_> {
         Ok(got as usize)
     }
 
+    /// One `readv(2)` from `fd` into the slice and then `ahead`: what arrived beyond the
+    /// slice's bytes (the next request's header, say) is taken in the same call. Returns the
+    /// bytes received in all (0: end of stream); the slice holds the first of them.
+    pub fn recv_with_ahead(&self, fd: BorrowedFd<'_>, ahead: &mut [u8]) -> io::Result<usize> {
+        let iov = [
+            libc::iovec {
+                iov_base: self.ptr.as_ptr().cast(),
+                iov_len: self.len,
+            },
+            libc::iovec {
+                iov_base: ahead.as_mut_ptr().cast(),
+                iov_len: ahead.len(),
+            },
+        ];
+        // SAFETY: the kernel writes at most `len` bytes at `ptr`, all inside the pinned region
+        // (valid for writes while pinned, no Rust reference to them exists), and at most
+        // `ahead.len()` bytes into `ahead`, borrowed mutably for the call (readv(2) fills the
+        // buffers in order and writes nothing else).
+        let got = unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), 2) };
+        if got < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(got as usize)
+    }
+
     /// One `sendmsg(2)` of `prefix` and then the slice to `fd` (without SIGPIPE); returns the
     /// bytes sent, prefix included.
     pub fn send_to(&self, fd: BorrowedFd<'_>, prefix: &[u8]) -> io::Result<usize> {
@@ -90,6 +115,52 @@ impl RegionSlice<'_> {
         }
         Ok(sent as usize)
     }
+}
+
+/// Most frames [`send_frames`] gathers into one `sendmsg(2)`.
+pub const MAX_FRAMES_PER_SEND: usize = 32;
+
+/// One `sendmsg(2)` to `fd` (without SIGPIPE) of each frame's prefix and then its slice, in
+/// order, the first [`MAX_FRAMES_PER_SEND`] frames at most; returns the bytes sent. Many
+/// small requests leave in one call, and the kernel packs them into as few packets as one
+/// large request.
+pub fn send_frames(fd: BorrowedFd<'_>, frames: &[(&[u8], RegionSlice<'_>)]) -> io::Result<usize> {
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut iov = [empty; 2 * MAX_FRAMES_PER_SEND];
+    let mut used = 0;
+    for (prefix, slice) in frames.iter().take(MAX_FRAMES_PER_SEND) {
+        for (base, len) in [
+            (prefix.as_ptr().cast_mut().cast(), prefix.len()),
+            (slice.ptr.as_ptr().cast(), slice.len),
+        ] {
+            if len > 0 {
+                iov[used] = libc::iovec {
+                    iov_base: base,
+                    iov_len: len,
+                };
+                used += 1;
+            }
+        }
+    }
+    if used == 0 {
+        return Ok(0);
+    }
+    // SAFETY: msghdr is plain data; zero is valid (no name, no control data).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = used;
+    // SAFETY: each of the first `used` iovecs describes readable memory for the call's
+    // duration: the prefixes are borrowed, the slices lie in pinned regions (a
+    // `RegionSlice` is valid for its length while its pin lives); the kernel only reads them
+    // (sendmsg(2)). `used` ≤ 64, below the kernel's UIO_MAXIOV of 1024.
+    let sent = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sent as usize)
 }
 
 /// One `write_from` that took bytes: an interrupted call is retried and a call that took

@@ -1,11 +1,14 @@
 //! The sending half of a lane: request headers in the framing both ends speak, the headers
-//! of consecutive reads in one write, and write bodies straight from the source memory.
+//! of consecutive reads in one write, and write bodies straight from the source memory,
+//! those of consecutive writes of host memory gathered into one `sendmsg(2)`.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
+use std::os::fd::AsFd;
 
 use tern_engine::{Opcode, Slice};
-use tern_memreg::RegionIo;
+use tern_memreg::{MAX_FRAMES_PER_SEND, RegionIo, send_frames};
 
 use super::pool::PoolShared;
 use super::receive::Awaiting;
@@ -31,7 +34,7 @@ impl Sending {
 }
 
 /// A request header as its framing sends it.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Framed {
     pub(super) bytes: [u8; FRAME_ALIGN],
     /// Bytes of `bytes` sent.
@@ -133,12 +136,15 @@ impl Window {
                 return Ok(step);
             };
             let (total, header_len) = (sending.total(), sending.header.len);
+            // Bytes sent beyond this request, into the writes gathered behind it.
+            let mut beyond = 0;
             while sending.sent < total {
                 if self.marks.send_full() {
                     return Ok(step);
                 }
                 let head = &sending.header.bytes[sending.sent.min(header_len)..header_len];
                 let body_from = sending.sent.saturating_sub(header_len);
+                let mut gathered_bytes = 0;
                 let result = match sending.slice.opcode() {
                     Opcode::Write => self
                         .stage
@@ -149,13 +155,37 @@ impl Window {
                             body_from,
                         )
                         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
-                        .and_then(|body| stream.write_from(head, body)),
+                        .and_then(|body| {
+                            if sending.slice.local().is_device() {
+                                return stream.write_from(head, body);
+                            }
+                            gather_writes(shared, &self.queued, &mut self.gathered);
+                            if self.gathered.is_empty() {
+                                return stream.write_from(head, body);
+                            }
+                            let mut frames = Vec::with_capacity(self.gathered.len() + 1);
+                            frames.push((head, body));
+                            for (slice, header) in self.queued.iter().zip(&self.gathered) {
+                                let Ok(body) = slice.local().slice(slice.local_addr, slice.len)
+                                else {
+                                    break;
+                                };
+                                gathered_bytes += header.len + slice.len;
+                                frames.push((&header.bytes[..header.len], body));
+                            }
+                            let kept = frames.len() - 1;
+                            let sent = send_frames(stream.as_fd(), &frames);
+                            self.gathered.truncate(kept);
+                            sent
+                        }),
                     Opcode::Read => io::Write::write(stream, head),
                 };
                 match Wrote::from(result)? {
                     Wrote::Bytes(n) => {
-                        self.marks.sent(n, total - sending.sent);
-                        sending.sent += n;
+                        let own = n.min(total - sending.sent);
+                        self.marks.sent(n, total - sending.sent + gathered_bytes);
+                        sending.sent += own;
+                        beyond = n - own;
                         step = Step::Moved;
                     }
                     Wrote::Blocked => {
@@ -169,7 +199,55 @@ impl Window {
                 self.awaiting
                     .push_back(Awaiting::new(done.slice, done.header.status_len));
             }
+            if beyond > 0 {
+                self.sent_gathered(beyond);
+            }
         }
+    }
+
+    /// `beyond` bytes of the writes gathered behind the request just sent went with it: each
+    /// sent whole awaits its reply, one sent in part is the request being sent.
+    fn sent_gathered(&mut self, mut beyond: usize) {
+        let mut gathered = std::mem::take(&mut self.gathered);
+        for header in gathered.drain(..) {
+            if beyond == 0 {
+                break;
+            }
+            // The slice the header was made for: nothing takes from the queue in between.
+            self.resent = self.resent.saturating_sub(1);
+            let Some(slice) = self.queued.pop_front() else {
+                break;
+            };
+            let total = header.len + slice.len;
+            if beyond >= total {
+                beyond -= total;
+                self.awaiting
+                    .push_back(Awaiting::new(slice, header.status_len));
+            } else {
+                self.stage.begin_outbound();
+                self.sending = Some(Sending {
+                    slice,
+                    header,
+                    sent: beyond,
+                });
+                beyond = 0;
+            }
+        }
+        self.gathered = gathered;
+    }
+}
+
+/// The headers of the writes at the front of `queued` that can go in one `sendmsg(2)`
+/// behind the request being sent, into `headers`: live writes of host memory (device memory
+/// goes through the lane's staging buffers, one request at a time), up to
+/// [`MAX_FRAMES_PER_SEND`] requests in all.
+fn gather_writes(shared: &PoolShared, queued: &VecDeque<Slice>, headers: &mut Vec<Framed>) {
+    headers.clear();
+    for slice in queued.iter().take(MAX_FRAMES_PER_SEND - 1) {
+        if slice.opcode() != Opcode::Write || slice.local().is_device() || !slice.is_live() {
+            break;
+        }
+        headers.push(request_header(shared, slice));
     }
 }
 

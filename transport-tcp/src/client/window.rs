@@ -14,7 +14,7 @@ use tern_memreg::{Stage, wait_ready};
 use super::marks::ShortCalls;
 use super::pool::PoolShared;
 use super::receive::Awaiting;
-use super::send::Sending;
+use super::send::{Framed, Sending};
 
 /// Most requests one lane has on its connection at once.
 pub(super) const PIPELINE_SLICES: usize = 32;
@@ -56,6 +56,8 @@ pub(super) struct Window {
     pub(super) resent: usize,
     /// Pinned buffers through which device memory reaches the socket.
     pub(super) stage: Stage,
+    /// Headers of the queued writes gathered behind the one being sent (kept for reuse).
+    pub(super) gathered: Vec<Framed>,
 }
 
 /// How one pass over the connection went.

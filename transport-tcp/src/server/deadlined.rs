@@ -2,6 +2,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::AsFd;
 use std::time::Instant;
 
 use tern_memreg::{RegionIo, RegionSlice};
@@ -9,6 +10,7 @@ use tern_metadata::net::is_tick;
 
 use super::held::Held;
 use super::staging::Staging;
+use crate::wire::FRAME_ALIGN;
 
 /// A served connection under one request's deadline: reads and writes that wake at the
 /// socket's tick go on until the deadline, then fail with `TimedOut`. Reads take what was
@@ -79,13 +81,35 @@ impl Write for Deadlined<'_> {
 }
 
 impl RegionIo for Deadlined<'_> {
+    /// Reads into `dst`, and in the same call the next request's header and a byte of what
+    /// follows it, if they have arrived (staged): a run of writes then costs one read each,
+    /// and `held` sees the next write begun without another call.
     fn read_into(&mut self, dst: RegionSlice<'_>) -> io::Result<usize> {
         if !self.staged.is_empty() {
             let n = dst.copy_from(self.staged.bytes());
             self.staged.consume(n);
             return Ok(n);
         }
-        self.retry(|s| s.read_into(dst))
+        self.staged.compact();
+        loop {
+            let spare = self.staged.spare();
+            let ahead = spare.len().min(FRAME_ALIGN + 1);
+            match dst.recv_with_ahead(self.stream.as_fd(), &mut spare[..ahead]) {
+                Ok(got) => {
+                    let own = got.min(dst.len());
+                    self.staged.filled(got - own);
+                    return Ok(own);
+                }
+                Err(e) if is_tick(&e) && Instant::now() < self.deadline => {}
+                Err(e) if is_tick(&e) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the request did not move by its deadline",
+                    ));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {

@@ -44,6 +44,9 @@ pub(super) fn tcp_args(op: &str, block: usize, batch: usize, duration: f64) -> V
         "--threads=1".into(),
         format!("--duration={duration}"),
         format!("--buffer_size={TCP_BUFFER}"),
+        // One request per block, as the baseline sends one message per block: the engine
+        // would otherwise merge a batch's neighbouring blocks into one request.
+        "--no_merge".into(),
     ]
 }
 
