@@ -40,5 +40,6 @@ pub use numa::{numa_node_of, resolve_location};
 pub use region::{
     HoldsPin, MAX_FRAMES_PER_SEND, MemoryError, MemoryKind, MemoryRegistry, Pinned, Region,
     RegionInfo, RegionIo, RegionPin, RegionSlice, RegisterRaw, Staged, send_frames,
+    skip_sent_frames,
 };
 pub use socket::{Ready, recv_now, wait_ready};

@@ -165,3 +165,95 @@ fn runs_of_small_writes_sent_together_land_whole_over_small_socket_buffers() {
         }
     }
 }
+
+/// The headers of a lane's queued reads arrive together, and the server answers the reads of
+/// host memory among them in one `sendmsg(2)`; with 32 KiB socket buffers a call takes part of
+/// the replies and ends inside one. Every read must bring its own bytes, with writes among the
+/// reads, which end a run of replies.
+#[test]
+fn runs_of_small_reads_answered_together_bring_their_own_bytes_over_small_socket_buffers() {
+    let config = TcpConfig {
+        socket_buffer_bytes: Some(32 << 10),
+        io_timeout: Duration::from_secs(3),
+        connections_per_peer: 1,
+        ..TcpConfig::default()
+    };
+    let target = engine(&config);
+    let initiator = engine(&config);
+    let remote = target.allocate(8 * MIB, "cpu:0").unwrap();
+    let local = initiator.allocate(8 * MIB, "cpu:0").unwrap();
+    let served = pattern(11, 8 * MIB);
+    remote.write_at(0, &served).unwrap();
+    local.write_at(0, &pattern(5, 8 * MIB)).unwrap();
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    // 300 reads of uneven sizes with a gap after each (so that none merge) into the
+    // initiator's first half, every tenth request a write of its second half.
+    let mut requests = Vec::new();
+    let mut at = 0;
+    for i in 0..300usize {
+        let len = 300 + (i * 1499) % 12_000;
+        let opcode_read = i % 10 != 9;
+        let (source, target_offset) = if opcode_read {
+            (local.addr() + at, (remote.addr() + at) as u64)
+        } else {
+            (
+                local.addr() + 4 * MIB + at,
+                (remote.addr() + 4 * MIB + at) as u64,
+            )
+        };
+        requests.push(if opcode_read {
+            TransferRequest::read(source, peer, target_offset, len)
+        } else {
+            TransferRequest::write(source, peer, target_offset, len)
+        });
+        at += len + 64;
+    }
+    let batch = initiator.allocate_batch(requests.len()).unwrap();
+    initiator.submit(&batch, &requests).unwrap();
+    batch.wait(Duration::from_secs(120));
+    for task in 0..requests.len() {
+        assert_eq!(
+            batch.task_status(task).unwrap().status,
+            TransferStatus::Completed,
+            "task {task}"
+        );
+    }
+    let mut landed = vec![0u8; 8 * MIB];
+    local.read_at(0, &mut landed).unwrap();
+    let mut remote_now = vec![0u8; 8 * MIB];
+    remote.read_at(0, &mut remote_now).unwrap();
+    for (task, request) in requests.iter().enumerate() {
+        let len = request.length;
+        if task % 10 != 9 {
+            let offset = request.source - local.addr();
+            assert!(
+                landed[offset..offset + len] == served[offset..offset + len],
+                "read {task} brought the wrong bytes"
+            );
+        } else {
+            let offset = request.target_offset as usize - remote.addr();
+            assert!(
+                remote_now[offset..offset + len] == landed[offset..offset + len],
+                "write {task} landed the wrong bytes"
+            );
+        }
+    }
+    // Nothing else of the initiator's first half changed: the gaps between the reads kept
+    // their bytes.
+    let mut expected = pattern(5, 8 * MIB);
+    for (task, request) in requests.iter().enumerate() {
+        if task % 10 != 9 {
+            let offset = request.source - local.addr();
+            expected[offset..offset + request.length]
+                .copy_from_slice(&served[offset..offset + request.length]);
+        }
+    }
+    let wrong = landed[..4 * MIB]
+        .iter()
+        .zip(&expected[..4 * MIB])
+        .position(|(a, b)| a != b);
+    assert_eq!(
+        wrong, None,
+        "the first wrong byte of the initiator's first half"
+    );
+}

@@ -163,6 +163,25 @@ pub fn send_frames(fd: BorrowedFd<'_>, frames: &[(&[u8], RegionSlice<'_>)]) -> i
     Ok(sent as usize)
 }
 
+/// Drops from the front of `frames` the `sent` bytes a [`send_frames`] call took: the frames
+/// sent whole go, and one sent in part keeps only what is left of it.
+pub fn skip_sent_frames(frames: &mut Vec<(&[u8], RegionSlice<'_>)>, mut sent: usize) {
+    let mut whole = 0;
+    for (prefix, slice) in frames.iter_mut() {
+        let len = prefix.len() + slice.len();
+        if sent >= len {
+            sent -= len;
+            whole += 1;
+            continue;
+        }
+        let from_prefix = sent.min(prefix.len());
+        *prefix = &prefix[from_prefix..];
+        *slice = slice.skip(sent - from_prefix);
+        break;
+    }
+    frames.drain(..whole);
+}
+
 /// One `write_from` that took bytes: an interrupted call is retried and a call that took
 /// nothing is `WriteZero`, so the loops that write a whole range cannot spin.
 pub(crate) fn write_some(
@@ -274,6 +293,54 @@ mod tests {
 
     fn owned(len: usize, remote: bool) -> Region {
         Region::owned(AlignedBuffer::new(len).unwrap(), "cpu:0", remote)
+    }
+
+    #[test]
+    fn gathered_frames_leave_in_order_and_a_partial_send_resumes_where_it_stopped() {
+        let registry = MemoryRegistry::new();
+        let region = registry.register(owned(4096, true)).unwrap();
+        let base = region.addr();
+        let pin = registry.pin(base, 4096).unwrap();
+        let body: Vec<u8> = (0..4096u32).map(|i| (i * 7) as u8).collect();
+        pin.copy_from_slice(base, &body).unwrap();
+        let parts = [
+            (b"ab".as_slice(), 0, 100),
+            (b"".as_slice(), 100, 50),
+            (b"xyz", 1000, 3000),
+        ];
+        let expected: Vec<u8> = parts
+            .iter()
+            .flat_map(|(prefix, at, len)| prefix.iter().chain(&body[*at..at + len]).copied())
+            .collect();
+        let frames = || -> Vec<(&[u8], RegionSlice<'_>)> {
+            parts
+                .iter()
+                .map(|(prefix, at, len)| (*prefix, pin.slice(base + at, *len).unwrap()))
+                .collect()
+        };
+        let (a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let sent = send_frames(a.as_fd(), &frames()).unwrap();
+        assert_eq!(sent, expected.len());
+        let mut got = vec![0u8; sent];
+        b.read_exact(&mut got).unwrap();
+        assert_eq!(got, expected);
+        // Every cut, inside a prefix, a slice or between frames, leaves exactly the rest.
+        for cut in 0..=expected.len() {
+            let mut rest = frames();
+            skip_sent_frames(&mut rest, cut);
+            let left: Vec<u8> = rest
+                .iter()
+                .flat_map(|(prefix, slice)| {
+                    let mut bytes = prefix.to_vec();
+                    let mut tail = vec![0u8; slice.len()];
+                    slice.copy_to(&mut tail);
+                    bytes.extend(tail);
+                    bytes
+                })
+                .collect();
+            assert_eq!(left, expected[cut..], "cut at {cut}");
+            assert!(rest.first().is_none_or(|(p, s)| p.len() + s.len() > 0));
+        }
     }
 
     #[test]

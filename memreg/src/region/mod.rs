@@ -34,7 +34,7 @@ mod slice;
 
 pub use error::MemoryError;
 pub(crate) use io::write_some;
-pub use io::{MAX_FRAMES_PER_SEND, RegionIo, Staged, send_frames};
+pub use io::{MAX_FRAMES_PER_SEND, RegionIo, Staged, send_frames, skip_sent_frames};
 pub use pin::{HoldsPin, Pinned, RegionPin};
 pub use raw::RegisterRaw;
 pub use registry::MemoryRegistry;

@@ -39,7 +39,10 @@ impl Deadlined<'_> {
     }
 
     /// Runs `op` until it does not merely wake at a tick, or the deadline passes.
-    fn retry<T>(&mut self, mut op: impl FnMut(&mut TcpStream) -> io::Result<T>) -> io::Result<T> {
+    pub(super) fn retry<T>(
+        &mut self,
+        mut op: impl FnMut(&mut TcpStream) -> io::Result<T>,
+    ) -> io::Result<T> {
         loop {
             match op(self.stream) {
                 Err(e) if is_tick(&e) && Instant::now() < self.deadline => {}

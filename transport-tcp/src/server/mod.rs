@@ -9,11 +9,13 @@
 //! The admission path is [`serve`] (check the peer, read a header) and
 //! [`serve_request`] (pin the range, copy). Beside it: [`staging`] (bytes read ahead of the
 //! request that needs them), [`deadlined`] (a connection under one request's deadline),
-//! [`held`] (a speed trick: write statuses held back to go out in pairs) and [`counts`].
+//! [`held`] (a speed trick: write statuses held back to go out in pairs), [`replies`] (a
+//! speed trick: the replies of reads that arrived together sent together) and [`counts`].
 
 mod counts;
 mod deadlined;
 mod held;
+mod replies;
 mod request;
 mod staging;
 
@@ -33,6 +35,7 @@ use crate::wire::{HEADER_LEN, Header};
 use counts::OutcomeCounts;
 use deadlined::Deadlined;
 use held::Held;
+use replies::gather_reads;
 use request::MAX_DRAIN;
 pub use request::{RequestOutcome, serve_request};
 use staging::{Staging, read_rest};
@@ -132,6 +135,23 @@ fn serve(
         let Some(header) = next_header(&mut served, &mut staged, proto_version)? else {
             return Ok(());
         };
+        if let Some(replies) = gather_reads(&header, &mut staged, registry, proto_version) {
+            let bytes: u64 = replies.iter().map(|reply| reply.size as u64).sum();
+            let mut conn = Deadlined {
+                stream: &mut served.stream,
+                deadline: Instant::now()
+                    + io_timeout
+                    + Duration::from_secs(bytes.min(MAX_DRAIN) / MIN_BODY_RATE),
+                staged: &mut staged,
+                held: &mut held,
+            };
+            conn.send_replies(&replies)
+                .map_err(|e| format!("{e} sending the replies of {} reads", replies.len()))?;
+            for reply in &replies {
+                counts.add(RequestOutcome::Read(reply.size as u64));
+            }
+            continue;
+        }
         let deadline = Instant::now()
             + io_timeout
             + Duration::from_secs(header.size.min(MAX_DRAIN) / MIN_BODY_RATE);

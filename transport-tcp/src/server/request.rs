@@ -3,7 +3,7 @@
 
 use std::io::{self, Read, Write};
 
-use tern_memreg::{MemoryRegistry, RegionIo, Stage};
+use tern_memreg::{MemoryRegistry, RegionIo, RegionPin, Stage};
 use tern_metadata::auth;
 
 use crate::wire::{Header, OP_READ, OP_WRITE, Status};
@@ -21,6 +21,24 @@ pub enum RequestOutcome {
     Wrote(u64),
     /// Refused the range, told the peer so, and kept the stream in step.
     Rejected,
+}
+
+/// The server's one admission check: the request's range pinned in registered memory that
+/// peers may reach, with its address and size; else why not.
+pub(super) fn admit(
+    header: &Header,
+    registry: &MemoryRegistry,
+) -> Result<(RegionPin, usize, usize), String> {
+    usize::try_from(header.size)
+        .ok()
+        .zip(usize::try_from(header.addr).ok())
+        .ok_or_else(|| "address or size beyond this machine's address space".to_owned())
+        .and_then(|(size, addr)| {
+            registry
+                .pin_remote(addr, size)
+                .map_err(|e| e.to_string())
+                .map(|pin| (pin, addr, size))
+        })
 }
 
 /// Serves one request whose header has been read from `conn`: admits it against the
@@ -45,16 +63,7 @@ pub fn serve_request<C: RegionIo + Read + Write>(
         }
         return Err(format!("unknown opcode {:#04x}", header.opcode));
     }
-    let pin = usize::try_from(header.size)
-        .ok()
-        .zip(usize::try_from(header.addr).ok())
-        .ok_or_else(|| "address or size beyond this machine's address space".to_owned())
-        .and_then(|(size, addr)| {
-            registry
-                .pin_remote(addr, size)
-                .map_err(|e| e.to_string())
-                .map(|pin| (pin, addr, size))
-        });
+    let pin = admit(header, registry);
     let io = |e: io::Error| format!("{e} during a {} byte transfer", header.size);
     let status_len = header.status_len();
     let ok = Status::Ok.encode_padded();
