@@ -10,12 +10,37 @@ use tern_transport_tcp::{TcpConfig, TcpTransport};
 
 const MIB: usize = 1 << 20;
 
-fn engine(config: &TcpConfig) -> TransferEngine {
-    TransferEngine::builder()
-        .local_server_name("127.0.0.1")
-        .transport(TcpTransport::new(config.clone()))
-        .build()
-        .unwrap()
+/// A target and an initiator, each with one lane per peer, 32 KiB socket buffers and a 3 s
+/// I/O timeout.
+fn small_buffer_engines() -> (TransferEngine, TransferEngine) {
+    let config = TcpConfig {
+        socket_buffer_bytes: Some(32 << 10),
+        io_timeout: Duration::from_secs(3),
+        connections_per_peer: 1,
+        ..TcpConfig::default()
+    };
+    let engine = || {
+        TransferEngine::builder()
+            .local_server_name("127.0.0.1")
+            .transport(TcpTransport::new(config.clone()))
+            .build()
+            .unwrap()
+    };
+    (engine(), engine())
+}
+
+/// Submits `requests` as one batch and waits: every task must complete.
+fn run_to_completion(initiator: &TransferEngine, requests: &[TransferRequest]) {
+    let batch = initiator.allocate_batch(requests.len()).unwrap();
+    initiator.submit(&batch, requests).unwrap();
+    batch.wait(Duration::from_secs(120));
+    for task in 0..requests.len() {
+        assert_eq!(
+            batch.task_status(task).unwrap().status,
+            TransferStatus::Completed,
+            "task {task}"
+        );
+    }
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -26,14 +51,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 
 #[test]
 fn reads_and_writes_mixed_in_one_batch_complete_over_small_socket_buffers() {
-    let config = TcpConfig {
-        socket_buffer_bytes: Some(32 << 10),
-        io_timeout: Duration::from_secs(3),
-        connections_per_peer: 1,
-        ..TcpConfig::default()
-    };
-    let target = engine(&config);
-    let initiator = engine(&config);
+    let (target, initiator) = small_buffer_engines();
     let remote = target.allocate(32 * MIB, "cpu:0").unwrap();
     let local = initiator.allocate(32 * MIB, "cpu:0").unwrap();
     remote.write_at(0, &pattern(1, 16 * MIB)).unwrap();
@@ -60,16 +78,7 @@ fn reads_and_writes_mixed_in_one_batch_complete_over_small_socket_buffers() {
             ]
         })
         .collect();
-    let batch = initiator.allocate_batch(requests.len()).unwrap();
-    initiator.submit(&batch, &requests).unwrap();
-    batch.wait(Duration::from_secs(120));
-    for task in 0..requests.len() {
-        assert_eq!(
-            batch.task_status(task).unwrap().status,
-            TransferStatus::Completed,
-            "task {task}"
-        );
-    }
+    run_to_completion(&initiator, &requests);
     let mut read_back = vec![0u8; 16 * MIB];
     local.read_at(16 * MIB, &mut read_back).unwrap();
     assert!(
@@ -89,14 +98,7 @@ fn reads_and_writes_mixed_in_one_batch_complete_over_small_socket_buffers() {
 /// among the writes, which end a run.
 #[test]
 fn runs_of_small_writes_sent_together_land_whole_over_small_socket_buffers() {
-    let config = TcpConfig {
-        socket_buffer_bytes: Some(32 << 10),
-        io_timeout: Duration::from_secs(3),
-        connections_per_peer: 1,
-        ..TcpConfig::default()
-    };
-    let target = engine(&config);
-    let initiator = engine(&config);
+    let (target, initiator) = small_buffer_engines();
     let remote = target.allocate(8 * MIB, "cpu:0").unwrap();
     let local = initiator.allocate(8 * MIB, "cpu:0").unwrap();
     let source = pattern(7, 4 * MIB);
@@ -129,16 +131,7 @@ fn runs_of_small_writes_sent_together_land_whole_over_small_socket_buffers() {
         }
         at += len + 64;
     }
-    let batch = initiator.allocate_batch(requests.len()).unwrap();
-    initiator.submit(&batch, &requests).unwrap();
-    batch.wait(Duration::from_secs(120));
-    for task in 0..requests.len() {
-        assert_eq!(
-            batch.task_status(task).unwrap().status,
-            TransferStatus::Completed,
-            "task {task}"
-        );
-    }
+    run_to_completion(&initiator, &requests);
     let mut landed = vec![0u8; 4 * MIB];
     remote.read_at(0, &mut landed).unwrap();
     let mut expected = pattern(3, 4 * MIB);
@@ -172,14 +165,7 @@ fn runs_of_small_writes_sent_together_land_whole_over_small_socket_buffers() {
 /// reads, which end a run of replies.
 #[test]
 fn runs_of_small_reads_answered_together_bring_their_own_bytes_over_small_socket_buffers() {
-    let config = TcpConfig {
-        socket_buffer_bytes: Some(32 << 10),
-        io_timeout: Duration::from_secs(3),
-        connections_per_peer: 1,
-        ..TcpConfig::default()
-    };
-    let target = engine(&config);
-    let initiator = engine(&config);
+    let (target, initiator) = small_buffer_engines();
     let remote = target.allocate(8 * MIB, "cpu:0").unwrap();
     let local = initiator.allocate(8 * MIB, "cpu:0").unwrap();
     let served = pattern(11, 8 * MIB);
@@ -208,16 +194,7 @@ fn runs_of_small_reads_answered_together_bring_their_own_bytes_over_small_socket
         });
         at += len + 64;
     }
-    let batch = initiator.allocate_batch(requests.len()).unwrap();
-    initiator.submit(&batch, &requests).unwrap();
-    batch.wait(Duration::from_secs(120));
-    for task in 0..requests.len() {
-        assert_eq!(
-            batch.task_status(task).unwrap().status,
-            TransferStatus::Completed,
-            "task {task}"
-        );
-    }
+    run_to_completion(&initiator, &requests);
     let mut landed = vec![0u8; 8 * MIB];
     local.read_at(0, &mut landed).unwrap();
     let mut remote_now = vec![0u8; 8 * MIB];

@@ -157,29 +157,17 @@ fn tern_rate(
     buffer: usize,
     seconds: f64,
 ) -> Result<(f64, String), String> {
-    let output = Command::new(exe)
-        .args([
-            "--mode=loopback",
-            "--protocol=shm",
-            &format!("--shm_memory={memory}"),
-            &format!("--operation={op}"),
-            &format!("--block_size={block}"),
-            "--batch_size=128",
-            "--threads=1",
-            &format!("--duration={seconds}"),
-            &format!("--buffer_size={buffer}"),
-            "--json",
-        ])
-        .output()
-        .map_err(|e| format!("tern-bench: {e}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    if !output.status.success() {
-        return Err(format!(
-            "tern-bench shm {memory} {op} {block}: {}: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
+    let args = [
+        "--protocol=shm".to_owned(),
+        format!("--shm_memory={memory}"),
+        format!("--operation={op}"),
+        format!("--block_size={block}"),
+        "--batch_size=128".into(),
+        "--threads=1".into(),
+        format!("--duration={seconds}"),
+        format!("--buffer_size={buffer}"),
+    ];
+    let stdout = crate::bench::tern(exe, &args, &[])?;
     let gbps = json_number(&stdout, "gbps").ok_or("tern-bench printed no gbps")?;
     Ok((gbps, stdout))
 }

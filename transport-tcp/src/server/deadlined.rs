@@ -41,19 +41,28 @@ impl Deadlined<'_> {
     /// Runs `op` until it does not merely wake at a tick, or the deadline passes.
     pub(super) fn retry<T>(
         &mut self,
-        mut op: impl FnMut(&mut TcpStream) -> io::Result<T>,
+        op: impl FnMut(&mut TcpStream) -> io::Result<T>,
     ) -> io::Result<T> {
-        loop {
-            match op(self.stream) {
-                Err(e) if is_tick(&e) && Instant::now() < self.deadline => {}
-                Err(e) if is_tick(&e) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the request did not move by its deadline",
-                    ));
-                }
-                other => return other,
+        until_deadline(self.stream, self.deadline, op)
+    }
+}
+
+/// Runs `op` on `stream` until it does not merely wake at a tick, or `deadline` passes.
+fn until_deadline<T>(
+    stream: &mut TcpStream,
+    deadline: Instant,
+    mut op: impl FnMut(&mut TcpStream) -> io::Result<T>,
+) -> io::Result<T> {
+    loop {
+        match op(stream) {
+            Err(e) if is_tick(&e) && Instant::now() < deadline => {}
+            Err(e) if is_tick(&e) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the request did not move by its deadline",
+                ));
             }
+            other => return other,
         }
     }
 }
@@ -93,26 +102,16 @@ impl RegionIo for Deadlined<'_> {
             self.staged.consume(n);
             return Ok(n);
         }
-        self.staged.compact();
-        loop {
-            let spare = self.staged.spare();
+        let staged = &mut *self.staged;
+        staged.compact();
+        until_deadline(self.stream, self.deadline, |stream| {
+            let spare = staged.spare();
             let ahead = spare.len().min(FRAME_ALIGN + 1);
-            match dst.recv_with_ahead(self.stream.as_fd(), &mut spare[..ahead]) {
-                Ok(got) => {
-                    let own = got.min(dst.len());
-                    self.staged.filled(got - own);
-                    return Ok(own);
-                }
-                Err(e) if is_tick(&e) && Instant::now() < self.deadline => {}
-                Err(e) if is_tick(&e) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "the request did not move by its deadline",
-                    ));
-                }
-                Err(e) => return Err(e),
-            }
-        }
+            let got = dst.recv_with_ahead(stream.as_fd(), &mut spare[..ahead])?;
+            let own = got.min(dst.len());
+            staged.filled(got - own);
+            Ok(own)
+        })
     }
 
     fn write_from(&mut self, prefix: &[u8], src: RegionSlice<'_>) -> io::Result<usize> {

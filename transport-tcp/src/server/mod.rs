@@ -139,9 +139,7 @@ fn serve(
             let bytes: u64 = replies.iter().map(|reply| reply.size as u64).sum();
             let mut conn = Deadlined {
                 stream: &mut served.stream,
-                deadline: Instant::now()
-                    + io_timeout
-                    + Duration::from_secs(bytes.min(MAX_DRAIN) / MIN_BODY_RATE),
+                deadline: deadline_for(io_timeout, bytes),
                 staged: &mut staged,
                 held: &mut held,
             };
@@ -152,12 +150,9 @@ fn serve(
             }
             continue;
         }
-        let deadline = Instant::now()
-            + io_timeout
-            + Duration::from_secs(header.size.min(MAX_DRAIN) / MIN_BODY_RATE);
         let mut conn = Deadlined {
             stream: &mut served.stream,
-            deadline,
+            deadline: deadline_for(io_timeout, header.size),
             staged: &mut staged,
             held: &mut held,
         };
@@ -173,6 +168,12 @@ fn serve(
             .map_err(|e| format!("{e} sending status frames"))?;
         counts.add(outcome);
     }
+}
+
+/// When a request of `bytes` must have moved: the I/O timeout, and its bytes at no less
+/// than [`MIN_BODY_RATE`].
+fn deadline_for(io_timeout: Duration, bytes: u64) -> Instant {
+    Instant::now() + io_timeout + Duration::from_secs(bytes.min(MAX_DRAIN) / MIN_BODY_RATE)
 }
 
 /// Runs the cluster-secret exchange, one frame bounded from its first byte by the frame

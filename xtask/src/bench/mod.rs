@@ -43,6 +43,7 @@ use rdma::rdma_in_guest;
 use registration::registration_cost_in_guest;
 use secret::secret_cost;
 use tcp::tcp_profile;
+pub(crate) use tern::tern;
 use watch::watch_latency;
 
 /// The headline sections, the default run's four (`full`: the same-host table with every

@@ -17,7 +17,7 @@ pub(super) fn tcp_lanes() -> usize {
 }
 
 /// One `tern-bench --mode loopback` run; its JSON line.
-pub(super) fn tern(exe: &Path, args: &[String], env: &[(&str, String)]) -> Result<String, String> {
+pub(crate) fn tern(exe: &Path, args: &[String], env: &[(&str, String)]) -> Result<String, String> {
     let mut command = Command::new(exe);
     command.arg("--mode=loopback").arg("--json").args(args);
     for (k, v) in env {
