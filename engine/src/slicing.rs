@@ -49,17 +49,25 @@ impl Cuts {
         self.piece_of(last) - self.piece_of(offset) + 1
     }
 
+    /// Whether a piece starts at byte `offset` (0 included).
+    pub fn starts_piece(&self, offset: usize) -> bool {
+        offset.is_multiple_of(self.slice) && offset / self.slice < self.count
+    }
+
+    /// `(offset, length)` of piece `i` (below [`count`](Self::count)).
+    pub fn piece(&self, i: usize) -> (usize, usize) {
+        let offset = i * self.slice;
+        let this = if i + 1 == self.count {
+            self.len - offset
+        } else {
+            self.slice
+        };
+        (offset, this)
+    }
+
     /// `(offset, length)` of each piece, in order.
     pub fn pieces(self) -> impl Iterator<Item = (usize, usize)> + Clone {
-        (0..self.count).map(move |i| {
-            let offset = i * self.slice;
-            let this = if i + 1 == self.count {
-                self.len - offset
-            } else {
-                self.slice
-            };
-            (offset, this)
-        })
+        (0..self.count).map(move |i| self.piece(i))
     }
 }
 
@@ -93,6 +101,8 @@ mod tests {
             let pieces: Vec<_> = split(len, slice, tail).collect();
             assert_eq!(cuts.count(), pieces.len());
             for offset in 0..len {
+                let starts = pieces.iter().any(|&(at, _)| at == offset);
+                assert_eq!(cuts.starts_piece(offset), starts, "{len} {slice} {offset}");
                 for range in 1..=len - offset {
                     let touching = pieces
                         .iter()

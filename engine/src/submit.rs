@@ -116,6 +116,8 @@ impl TransferEngine {
         // The peer of the request before, and its routes: a batch usually has one peer.
         let mut cached: Option<(Arc<PeerSegment>, Routes)> = None;
         let mut refreshed: Vec<SegmentId> = Vec::new();
+        // The peer's buffer the request before went to: the next is most likely in it too.
+        let mut last_buffer = 0;
         let Scratch {
             extents,
             submissions,
@@ -130,7 +132,14 @@ impl TransferEngine {
             {
                 cached = self.inner.peer_with_routes(request.target);
             }
-            let mut checked = self.check(batch_inner, task, request, cached.as_ref(), submissions);
+            let mut checked = self.check(
+                batch_inner,
+                task,
+                request,
+                cached.as_ref(),
+                submissions,
+                &mut last_buffer,
+            );
             if let Err(TransferError::TargetOutOfRange { .. }) = checked
                 && request.target != SegmentId::LOCAL
                 && !refreshed.contains(&request.target)
@@ -140,7 +149,14 @@ impl TransferEngine {
                 refreshed.push(request.target);
                 if self.refresh_segment(request.target).is_ok() {
                     cached = self.inner.peer_with_routes(request.target);
-                    checked = self.check(batch_inner, task, request, cached.as_ref(), submissions);
+                    checked = self.check(
+                        batch_inner,
+                        task,
+                        request,
+                        cached.as_ref(),
+                        submissions,
+                        &mut last_buffer,
+                    );
                 }
             }
             match checked {
@@ -183,20 +199,31 @@ impl TransferEngine {
         request: &TransferRequest,
         peer: Option<&(Arc<PeerSegment>, Routes)>,
         submissions: &mut Vec<Arc<Submission>>,
+        last_buffer: &mut usize,
     ) -> Result<Extent, TransferError> {
         let len = request.length;
         if len == 0 {
             return Err(TransferError::ZeroLength);
         }
         let (peer, routes) = peer.ok_or_else(|| self.inner.missing_segment(request.target))?;
-        let buffer = peer
-            .desc
-            .buffer_containing(request.target_offset, len as u64)
-            .ok_or_else(|| TransferError::TargetOutOfRange {
-                segment: peer.name.clone(),
-                addr: request.target_offset,
-                len,
-            })?;
+        let buffers = &peer.desc.buffers;
+        let (target, target_len) = (request.target_offset, len as u64);
+        // The last request's buffer first (a hint only: checked like any other), then all.
+        let buffer = match buffers.get(*last_buffer) {
+            Some(buffer) if buffer.contains(target, target_len) => buffer,
+            _ => {
+                let found = buffers
+                    .iter()
+                    .position(|b| b.contains(target, target_len))
+                    .ok_or_else(|| TransferError::TargetOutOfRange {
+                        segment: peer.name.clone(),
+                        addr: target,
+                        len,
+                    })?;
+                *last_buffer = found;
+                &buffers[found]
+            }
+        };
         if routes.first().is_none() {
             return Err(TransferError::NoCommonTransport {
                 segment: peer.name.clone(),
@@ -276,7 +303,10 @@ impl TransferEngine {
             return;
         };
         let transport = &self.inner.transports[transport_index];
-        let run_len = run.iter().map(|e| e.len).sum::<usize>();
+        // A run is contiguous: it ends where its last request does.
+        let run_len = run
+            .last()
+            .map_or(0, |last| last.local + last.len - head.local);
         let cuts = Cuts::new(
             run_len,
             transport.max_slice_size(),
@@ -314,6 +344,32 @@ impl TransferEngine {
                 )
             }));
             batch.start_task(task, cuts.count() as u32, opcode, transport_index);
+            return;
+        }
+        if run[1..]
+            .iter()
+            .all(|extent| cuts.starts_piece(extent.local - local))
+        {
+            // Every request starts where a piece does, so no piece holds bytes of two: each
+            // is a slice of its request alone, reported without the run's list of parts.
+            for extent in run {
+                let task = extent.task as usize;
+                let offset = extent.local - local;
+                let first = cuts.piece_of(offset);
+                let count = cuts.pieces_over(offset, extent.len);
+                group.extend((first..first + count).map(|i| {
+                    let (at, len) = cuts.piece(i);
+                    Slice::new(
+                        submission.clone(),
+                        opcode,
+                        task,
+                        local + at,
+                        len,
+                        remote + at as u64,
+                    )
+                }));
+                batch.start_task(task, count as u32, opcode, transport_index);
+            }
             return;
         }
         let parts: Arc<[TaskPart]> = run

@@ -77,29 +77,7 @@ impl Slice {
             return;
         };
         if self.rank == 0 && matches!(outcome, Outcome::Done) {
-            // The common case, a slice done by its first transport: what the loops below
-            // come to for it, in one pass (each task counts its share before its progress).
-            let batch = &submission.batch;
-            if self.run.is_none() {
-                let task = self.task as usize;
-                if batch.slice_progress(task, self.len as u64) {
-                    let batch = batch.clone();
-                    drop(submission);
-                    batch.complete_task(task);
-                }
-                return;
-            }
-            let mut last_of = LastOf::default();
-            for (i, (task, bytes)) in self.tasks().enumerate() {
-                if i > 0 {
-                    // Every task counts the slice; the first transport's tally counts it once.
-                    batch.slice_uncredited(task, 0);
-                }
-                if batch.slice_progress(task, bytes) {
-                    last_of.push(task);
-                }
-            }
-            return last_of.complete(submission);
+            return self.done_by_first(submission);
         }
         let transport = submission
             .routes
@@ -160,8 +138,41 @@ impl Slice {
         last_of.complete(submission);
     }
 
+    /// The common case, a slice done by its first transport: what [`report`](Self::report)
+    /// comes to for it, in one pass (each task counts its share before its progress), and
+    /// for a slice of one task without a list of the tasks it ended.
+    fn done_by_first(&self, submission: Arc<Submission>) {
+        let batch = &submission.batch;
+        if let Some(task) = self.only_task() {
+            if batch.slice_progress(task, self.len as u64) {
+                let batch = batch.clone();
+                drop(submission);
+                batch.complete_task(task);
+            }
+            return;
+        }
+        let mut last_of = LastOf::default();
+        for (i, (task, bytes)) in self.tasks().enumerate() {
+            if i > 0 {
+                // Every task counts the slice; the first transport's tally counts it once.
+                batch.slice_uncredited(task, 0);
+            }
+            if batch.slice_progress(task, bytes) {
+                last_of.push(task);
+            }
+        }
+        last_of.complete(submission);
+    }
+
     /// The slice moved all its bytes.
-    pub fn complete(self) {
+    pub fn complete(mut self) {
+        if self.rank == 0 {
+            // Taken here, the slice reports once and its drop has nothing left to do.
+            if let Some(submission) = self.submission.take() {
+                self.done_by_first(submission);
+            }
+            return;
+        }
         self.report(Outcome::Done);
     }
 

@@ -52,6 +52,21 @@ impl Iterator for SliceTasks<'_> {
 }
 
 impl Slice {
+    /// The one task this slice carries bytes of, if it carries bytes of one only: a slice of
+    /// one request, or a slice of a merged run that lies inside one request's part.
+    pub(super) fn only_task(&self) -> Option<usize> {
+        let Some(parts) = self.run.as_deref() else {
+            return Some(self.task as usize);
+        };
+        let first = self.task as usize;
+        let end = self.local_addr.saturating_add(self.len);
+        match parts.get(first..)? {
+            [part] => Some(part.task as usize),
+            [part, next, ..] if next.start >= end => Some(part.task as usize),
+            _ => None,
+        }
+    }
+
     /// The tasks this slice carries bytes of, each with how many.
     pub(super) fn tasks(&self) -> SliceTasks<'_> {
         let Some(parts) = self.run.as_deref() else {
