@@ -63,8 +63,9 @@ fn main() {
     for _ in 0..batches {
         let batch = engine.allocate_batch(per_batch).expect("batch");
         engine.submit(&batch, &requests).expect("submit");
-        batch.wait(Duration::from_secs(60));
-        assert_eq!(batch.status().completed, per_batch);
+        // What the wait returns is the batch's status: read once, as a caller would.
+        let status = batch.wait(Duration::from_secs(60));
+        assert_eq!(status.completed, per_batch);
         engine.free_batch(&batch).expect("free");
     }
     drop(buffer);

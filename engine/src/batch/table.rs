@@ -74,58 +74,84 @@ impl TaskTable {
 /// long those that completed took, to `tally`. A task moves once; read while it runs, it
 /// shows what it has moved so far.
 pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
-    let split = |word: u64| (word & MAX_TASK_BYTES, word >> PROGRESS_SHIFT);
     let starts = table.starts.lock();
-    let mut next_start = 0;
+    let tasks: &[TaskState] = table;
+    // The tasks of each submit call, from the one that took task 0 on: a call's tasks share
+    // its start.
+    let mut from = 0;
     let mut started_ns = table.first_start.load(Ordering::Acquire);
-    // A batch's tasks mostly go to one transport: summed here, added to the tally per run.
-    let (mut run, mut run_bytes, mut run_slices) = (0, 0, 0);
-    // Completed tasks alike in (write, bytes, time taken) not recorded yet, and how many.
-    let (mut alike, mut alike_tasks) = ((false, 0, 0), 0);
-    for (task, t) in table.iter().enumerate() {
-        while let Some(&(first, at)) = starts.get(next_start)
-            && first <= task
-        {
-            started_ns = at;
-            next_start += 1;
-        }
-        let word = t.state.load(Ordering::Acquire);
-        let first = ((word & FIRST_MASK) >> FIRST_SHIFT) as usize;
-        if first == 0 {
-            continue;
-        }
-        // `uncredited` is added to before `progress` and read after: all of it that this
-        // `progress` holds is seen.
-        let (mut bytes, mut slices) = split(t.progress.load(Ordering::Acquire));
-        let (total_bytes, uncredited) = (bytes, t.uncredited.load(Ordering::Acquire));
-        if uncredited != 0 {
-            let (other_bytes, other_slices) = split(uncredited);
-            bytes = bytes.saturating_sub(other_bytes);
-            slices = slices.saturating_sub(other_slices);
-        }
-        if first != run {
-            tally.moved(run.wrapping_sub(1), run_bytes, run_slices);
-            (run, run_bytes, run_slices) = (first, 0, 0);
-        }
-        run_bytes += bytes;
-        run_slices += slices;
-        let ended = word >> ENDED_SHIFT;
-        if ended != 0 && state_of(word) == COMPLETED {
-            let write = t.slices_total.load(Ordering::Relaxed) & WRITE_FLAG != 0;
-            let took = (write, total_bytes, ended.saturating_sub(started_ns));
-            // The tasks of one submit call mostly match in all three (their ends shared one
-            // clock reading): recorded together.
-            if took != alike {
-                if alike_tasks > 0 {
-                    tally.took(alike.0, alike.1, alike.2, alike_tasks);
-                }
-                (alike, alike_tasks) = (took, 0);
+    let mut sums = Sums::default();
+    for &(first, at) in starts.iter() {
+        let to = first.min(tasks.len()).max(from);
+        sums.add(&tasks[from..to], started_ns, tally);
+        (from, started_ns) = (to, at);
+    }
+    sums.add(&tasks[from..], started_ns, tally);
+    sums.flush(tally);
+}
+
+/// What [`tally_tasks`] gathers before it adds to the tally: a batch's tasks mostly go to
+/// one transport and take alike, so runs of them are added at once.
+#[derive(Default)]
+struct Sums {
+    /// The transport (plus one) of the run being summed, its bytes and slices.
+    transport: usize,
+    bytes: u64,
+    slices: u64,
+    /// Completed tasks alike in (write, bytes, time taken) not recorded yet, and how many.
+    alike: (bool, u64, u64),
+    alike_tasks: u64,
+}
+
+impl Sums {
+    /// Adds `tasks`, started at `started_ns`.
+    fn add(&mut self, tasks: &[TaskState], started_ns: u64, tally: &mut Tally) {
+        let split = |word: u64| (word & MAX_TASK_BYTES, word >> PROGRESS_SHIFT);
+        for t in tasks {
+            let word = t.state.load(Ordering::Acquire);
+            let first = ((word & FIRST_MASK) >> FIRST_SHIFT) as usize;
+            if first == 0 {
+                continue;
             }
-            alike_tasks += 1;
+            // `uncredited` is added to before `progress` and read after: all of it that this
+            // `progress` holds is seen.
+            let (mut bytes, mut slices) = split(t.progress.load(Ordering::Acquire));
+            let (total_bytes, uncredited) = (bytes, t.uncredited.load(Ordering::Acquire));
+            if uncredited != 0 {
+                let (other_bytes, other_slices) = split(uncredited);
+                bytes = bytes.saturating_sub(other_bytes);
+                slices = slices.saturating_sub(other_slices);
+            }
+            if first != self.transport {
+                tally.moved(self.transport.wrapping_sub(1), self.bytes, self.slices);
+                (self.transport, self.bytes, self.slices) = (first, 0, 0);
+            }
+            self.bytes += bytes;
+            self.slices += slices;
+            let ended = word >> ENDED_SHIFT;
+            if ended != 0 && state_of(word) == COMPLETED {
+                let write = t.slices_total.load(Ordering::Relaxed) & WRITE_FLAG != 0;
+                let took = (write, total_bytes, ended.saturating_sub(started_ns));
+                // The tasks of one submit call mostly match in all three (their ends shared
+                // one clock reading): recorded together.
+                if took != self.alike {
+                    if self.alike_tasks > 0 {
+                        let (write, len, ns) = self.alike;
+                        tally.took(write, len, ns, self.alike_tasks);
+                    }
+                    (self.alike, self.alike_tasks) = (took, 0);
+                }
+                self.alike_tasks += 1;
+            }
         }
     }
-    tally.moved(run.wrapping_sub(1), run_bytes, run_slices);
-    if alike_tasks > 0 {
-        tally.took(alike.0, alike.1, alike.2, alike_tasks);
+
+    /// Adds what is left.
+    fn flush(self, tally: &mut Tally) {
+        tally.moved(self.transport.wrapping_sub(1), self.bytes, self.slices);
+        if self.alike_tasks > 0 {
+            let (write, len, ns) = self.alike;
+            tally.took(write, len, ns, self.alike_tasks);
+        }
     }
 }
