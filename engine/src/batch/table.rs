@@ -155,3 +155,38 @@ impl Sums {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::task::{COMPLETED, ENDED_SHIFT, SETTLED};
+
+    #[test]
+    fn each_task_is_timed_from_the_start_of_the_submit_call_that_took_it() {
+        // Tasks 0..2 taken by a call at 100 ns, 2..5 by one at 1 000 ns, all ended at 5 000.
+        let table = TaskTable::new(5);
+        table.record_start(0, 100);
+        table.record_start(2, 1_000);
+        for t in table.iter() {
+            let first_transport = 1 << FIRST_SHIFT;
+            t.state.store(
+                u64::from(COMPLETED) | SETTLED | first_transport | (5_000 << ENDED_SHIFT),
+                Ordering::SeqCst,
+            );
+            t.slices_total.store(1 | WRITE_FLAG, Ordering::SeqCst);
+            t.progress.store((1 << PROGRESS_SHIFT) | 4096, Ordering::SeqCst);
+        }
+        let mut tally = Tally::default();
+        tally_tasks(&table, &mut tally);
+        assert_eq!(tally.of(0), (5 * 4096, 5));
+        let latencies = tally.latencies();
+        assert_eq!(latencies.len(), 1, "{latencies:?}");
+        assert_eq!(latencies[0].operation, "write");
+        assert_eq!(latencies[0].count, 5);
+        let took_ns = 2 * 4_900 + 3 * 4_000;
+        assert!(
+            (latencies[0].sum_seconds - took_ns as f64 / 1e9).abs() < 1e-12,
+            "{latencies:?}"
+        );
+    }
+}

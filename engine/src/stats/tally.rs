@@ -55,7 +55,7 @@ impl Tally {
         out
     }
 
-    pub(super) fn of(&self, transport: usize) -> (u64, u64) {
+    pub(crate) fn of(&self, transport: usize) -> (u64, u64) {
         self.moved.get(transport).copied().unwrap_or_default()
     }
 }
