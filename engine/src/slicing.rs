@@ -49,6 +49,11 @@ impl Cuts {
         self.piece_of(last) - self.piece_of(offset) + 1
     }
 
+    /// The length of every piece but the last.
+    pub fn slice_size(&self) -> usize {
+        self.slice
+    }
+
     /// Whether a piece starts at byte `offset` (0 included).
     pub fn starts_piece(&self, offset: usize) -> bool {
         offset.is_multiple_of(self.slice) && offset / self.slice < self.count

@@ -191,8 +191,45 @@ impl TransferEngine {
     }
 
     /// Checks one request and finds (or makes) the submission it goes with: the planner's
-    /// view of it, or why it fails as a task of its own.
+    /// view of it, or why it fails as a task of its own. Most requests go where the one
+    /// before went, into its buffer and with its submission: that is tried first, and
+    /// anything else takes [`check_fully`](Self::check_fully).
+    #[inline]
     fn check(
+        &self,
+        batch: &Arc<BatchInner>,
+        task: usize,
+        request: &TransferRequest,
+        peer: Option<&(Arc<PeerSegment>, Routes)>,
+        submissions: &mut Vec<Arc<Submission>>,
+        last_buffer: &mut usize,
+    ) -> Result<Extent, TransferError> {
+        let (len, target) = (request.length, request.target_offset);
+        if let Some((peer, routes)) = peer
+            && len != 0
+            && len as u64 <= MAX_TASK_BYTES
+            && routes.first().is_some()
+            && let Some(buffer) = peer.desc.buffers.get(*last_buffer)
+            && buffer.contains(target, len as u64)
+            && let Some(submission) = submissions.last()
+            && submission.serves(peer, request.source, len)
+        {
+            return Ok(checked_extent(
+                peer,
+                request,
+                submission,
+                buffer.addr,
+                task,
+                submissions.len() - 1,
+            ));
+        }
+        self.check_fully(batch, task, request, peer, submissions, last_buffer)
+    }
+
+    /// [`check`](Self::check) in full: the first request to a buffer or from a region, and
+    /// every request that fails.
+    #[inline(never)]
+    fn check_fully(
         &self,
         batch: &Arc<BatchInner>,
         task: usize,
@@ -261,23 +298,58 @@ impl TransferEngine {
                 submissions.len() - 1
             }
         };
-        let submission = &submissions[index];
-        Ok(Extent {
-            peer: Arc::as_ptr(peer) as usize,
-            opcode: request.opcode,
-            local: request.source,
-            remote: request.target_offset,
-            len,
-            local_region: submission.region_start(),
-            remote_buffer: buffer.addr,
-            task: task as u32,
-            submission: index as u32,
-        })
+        Ok(checked_extent(
+            peer,
+            request,
+            &submissions[index],
+            buffer.addr,
+            task,
+            index,
+        ))
     }
 
     /// Starts the tasks of one run and cuts the run into slices for its first transport,
     /// pushed onto that transport's group. Each task counts the slices that hold bytes of it.
+    /// Most runs are one request of one slice: that is done here, the rest by
+    /// [`cut_run_fully`](Self::cut_run_fully).
+    #[inline]
     fn cut_run(
+        &self,
+        batch: &BatchInner,
+        run: &[Extent],
+        submissions: &[Arc<Submission>],
+        groups: &mut [Vec<Slice>],
+        expected: usize,
+    ) {
+        if let [alone] = run
+            && let Some(submission) = submissions.get(alone.submission as usize)
+            && let Some(transport_index) = submission.first_route()
+            && let Some(transport) = self.inner.transports.get(transport_index)
+            && alone.len <= transport.max_slice_size()
+            && let Some(group) = groups.get_mut(transport_index)
+        {
+            if group.is_empty() {
+                // Room for a slice per request at once: most requests are one slice.
+                group.reserve(expected);
+            }
+            let task = alone.task as usize;
+            group.push(Slice::new(
+                submission.clone(),
+                alone.opcode,
+                task,
+                alone.local,
+                alone.len,
+                alone.remote,
+            ));
+            batch.start_task(task, 1, alone.opcode, transport_index);
+            return;
+        }
+        self.cut_run_fully(batch, run, submissions, groups, expected);
+    }
+
+    /// [`cut_run`](Self::cut_run) for a run of several requests, or of more than one slice.
+    #[inline(never)]
+    fn cut_run_fully(
         &self,
         batch: &BatchInner,
         run: &[Extent],
@@ -354,6 +426,19 @@ impl TransferEngine {
             // is a slice of its request alone, reported without the run's list of parts.
             for extent in run {
                 let task = extent.task as usize;
+                if extent.len <= cuts.slice_size() {
+                    // Starting a piece and no longer than one, the request is that piece.
+                    group.push(Slice::new(
+                        submission.clone(),
+                        opcode,
+                        task,
+                        extent.local,
+                        extent.len,
+                        extent.remote,
+                    ));
+                    batch.start_task(task, 1, opcode, transport_index);
+                    continue;
+                }
                 let offset = extent.local - local;
                 let first = cuts.piece_of(offset);
                 let count = cuts.pieces_over(offset, extent.len);
@@ -472,5 +557,29 @@ impl EngineInner {
             routes.push(i);
         }
         routes
+    }
+}
+
+/// `request`, task `task` of its batch, checked: its target lies in the peer's buffer at
+/// `remote_buffer`, its source in `submission`'s region (the `index`th of the call's).
+#[inline]
+fn checked_extent(
+    peer: &Arc<PeerSegment>,
+    request: &TransferRequest,
+    submission: &Submission,
+    remote_buffer: u64,
+    task: usize,
+    index: usize,
+) -> Extent {
+    Extent {
+        peer: Arc::as_ptr(peer) as usize,
+        opcode: request.opcode,
+        local: request.source,
+        remote: request.target_offset,
+        len: request.length,
+        local_region: submission.region_start(),
+        remote_buffer,
+        task: task as u32,
+        submission: index as u32,
     }
 }

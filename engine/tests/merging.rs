@@ -323,47 +323,54 @@ fn a_slice_of_a_merged_run_cut_in_pieces_completes_each_task_once_all_its_pieces
 
 #[test]
 fn a_run_of_requests_that_start_where_slices_do_fails_only_the_task_of_a_failed_slice() {
-    // Six neighbours of two 4 KiB slices each, merged into one run: every slice lies inside
-    // one request, so it is that request's alone.
-    let (engine, transport, batch, _buffer, requests) = held_run(6, 8192);
-    let mut slices = transport.take();
-    assert_eq!(slices.len(), 12);
-    slices.sort_by_key(|s| s.local_addr);
-    for slice in &slices {
-        let holders = requests
-            .iter()
-            .filter(|r| overlap(slice, r.source, r.length) > 0)
-            .count();
-        assert_eq!(holders, 1, "slice at {:#x}", slice.local_addr);
-    }
-    let failed = slices.remove(5);
-    let failed_task = requests
-        .iter()
-        .position(|r| overlap(&failed, r.source, r.length) > 0)
-        .unwrap();
-    failed.fail(TransferError::Dropped("on purpose".into()));
-    for slice in slices {
-        slice.complete();
-    }
-    let status = batch.wait(Duration::from_secs(10));
-    assert_eq!((status.completed, status.failed), (5, 1), "{status:?}");
-    for task in 0..requests.len() {
-        let task_status = batch.task_status(task).unwrap();
-        if task == failed_task {
-            assert!(
-                matches!(
-                    task_status.status,
-                    TransferStatus::Failed(TransferError::Dropped(_))
-                ),
-                "{task_status:?}"
-            );
-            assert!(task_status.remote_may_change, "a write whose bytes left");
-            assert_eq!(task_status.transferred_bytes, 4096);
-        } else {
-            assert_eq!(task_status.status, TransferStatus::Completed, "task {task}");
-            assert_eq!(task_status.transferred_bytes, 8192, "task {task}");
+    // Six neighbours of two 4 KiB slices each, then of one, merged into one run: every slice
+    // lies inside one request, so it is that request's alone.
+    for len in [8192, 4096] {
+        let per_task = (len / 4096) as u64;
+        let (engine, transport, batch, _buffer, requests) = held_run(6, len);
+        let mut slices = transport.take();
+        assert_eq!(slices.len() as u64, 6 * per_task);
+        slices.sort_by_key(|s| s.local_addr);
+        for slice in &slices {
+            let holders = requests
+                .iter()
+                .filter(|r| overlap(slice, r.source, r.length) > 0)
+                .count();
+            assert_eq!(holders, 1, "slice at {:#x}", slice.local_addr);
         }
+        let failed = slices.remove(5);
+        let failed_task = requests
+            .iter()
+            .position(|r| overlap(&failed, r.source, r.length) > 0)
+            .unwrap();
+        failed.fail(TransferError::Dropped("on purpose".into()));
+        for slice in slices {
+            slice.complete();
+        }
+        let status = batch.wait(Duration::from_secs(10));
+        assert_eq!((status.completed, status.failed), (5, 1), "{status:?}");
+        for task in 0..requests.len() {
+            let task_status = batch.task_status(task).unwrap();
+            if task == failed_task {
+                assert!(
+                    matches!(
+                        task_status.status,
+                        TransferStatus::Failed(TransferError::Dropped(_))
+                    ),
+                    "{task_status:?}"
+                );
+                assert!(task_status.remote_may_change, "a write whose bytes left");
+                assert_eq!(task_status.transferred_bytes, (per_task - 1) * 4096);
+            } else {
+                assert_eq!(task_status.status, TransferStatus::Completed, "task {task}");
+                assert_eq!(task_status.transferred_bytes, len as u64, "task {task}");
+            }
+        }
+        let hold = &engine.stats().transports[0];
+        let done = 6 * per_task - 1;
+        assert_eq!(
+            (hold.slices, hold.failures, hold.bytes),
+            (done, 1, done * 4096)
+        );
     }
-    let hold = &engine.stats().transports[0];
-    assert_eq!((hold.slices, hold.failures, hold.bytes), (11, 1, 11 * 4096));
 }

@@ -215,6 +215,7 @@ impl BatchInner {
     }
 
     /// Settles `task` if it has ended other than Completed and every slice has let go.
+    #[cold]
     pub(super) fn settle_if_released(&self, task: usize) {
         if self.tasks[task].released() {
             self.settle(task);
@@ -223,6 +224,7 @@ impl BatchInner {
 
     /// The last slice of `task` let go: completes it if nothing ended it before, else shows
     /// the state it ended in.
+    #[inline]
     fn last_released(&self, task: usize, ended_ns: u64) {
         let t = &self.tasks[task];
         let current = t.state.load(Ordering::SeqCst);
@@ -243,6 +245,7 @@ impl BatchInner {
     }
 
     /// Marks an ended task settled, once (whoever sees it both ended and released first).
+    #[cold]
     fn settle(&self, task: usize) {
         let t = &self.tasks[task];
         let mut current = t.state.load(Ordering::SeqCst);
@@ -265,18 +268,27 @@ impl BatchInner {
     }
 
     /// One task more has finished (and shows so).
+    #[inline]
     fn finished(&self) {
-        let idle = self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1;
+        if self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.went_idle();
+        }
+    }
+
+    /// The batch's last task finished: its waiters wake and its hooks run. Apart from
+    /// [`finished`](Self::finished), which runs once per task, to keep that one small.
+    #[cold]
+    fn went_idle(&self) {
         // Waiters wait for the whole batch (and wake at its deadline on their own): only the
         // last task wakes them, under the lock they check the count under, so no wake-up is
         // lost. A waiter counts itself in `sleepers` before it checks the count (both
-        // SeqCst): either this load sees it, or its check sees this decrement and it does
+        // SeqCst): either this load sees it, or its check sees the decrement and it does
         // not sleep.
-        if idle && self.sleepers.load(Ordering::SeqCst) > 0 {
+        if self.sleepers.load(Ordering::SeqCst) > 0 {
             let _guard = self.wake_lock.lock();
             self.wake.notify_all();
         }
-        if idle && self.has_hooks.load(Ordering::SeqCst) {
+        if self.has_hooks.load(Ordering::SeqCst) {
             self.run_hooks();
         }
     }
@@ -323,6 +335,7 @@ impl BatchInner {
     /// Counts one slice of `task` let go (done with `bytes` moved, or skipped, failed or cut
     /// off with none); true when it was the last, and the caller then
     /// [`complete_task`](Self::complete_task)s it (after letting go of what the task held).
+    #[inline]
     pub(crate) fn slice_progress(&self, task: usize, bytes: u64) -> bool {
         let t = &self.tasks[task];
         let before = t
@@ -344,6 +357,7 @@ impl BatchInner {
 
     /// The last slice of `task` let go: moves it to Completed (if nothing ended it before,
     /// timed by this thread's completion clock when metrics are on), else shows how it ended.
+    #[inline]
     pub(crate) fn complete_task(&self, task: usize) {
         let ended = if self.timer.is_some() {
             completion_ns().max(1)

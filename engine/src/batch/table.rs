@@ -174,7 +174,8 @@ mod tests {
                 Ordering::SeqCst,
             );
             t.slices_total.store(1 | WRITE_FLAG, Ordering::SeqCst);
-            t.progress.store((1 << PROGRESS_SHIFT) | 4096, Ordering::SeqCst);
+            t.progress
+                .store((1 << PROGRESS_SHIFT) | 4096, Ordering::SeqCst);
         }
         let mut tally = Tally::default();
         tally_tasks(&table, &mut tally);

@@ -141,16 +141,23 @@ impl Slice {
     /// The common case, a slice done by its first transport: what [`report`](Self::report)
     /// comes to for it, in one pass (each task counts its share before its progress), and
     /// for a slice of one task without a list of the tasks it ended.
+    #[inline(always)]
     fn done_by_first(&self, submission: Arc<Submission>) {
+        let Some(task) = self.only_task() else {
+            return self.done_by_first_for_many(submission);
+        };
         let batch = &submission.batch;
-        if let Some(task) = self.only_task() {
-            if batch.slice_progress(task, self.len as u64) {
-                let batch = batch.clone();
-                drop(submission);
-                batch.complete_task(task);
-            }
-            return;
+        if batch.slice_progress(task, self.len as u64) {
+            let batch = batch.clone();
+            drop(submission);
+            batch.complete_task(task);
         }
+    }
+
+    /// [`done_by_first`](Self::done_by_first) for a slice holding bytes of several tasks.
+    #[inline(never)]
+    fn done_by_first_for_many(&self, submission: Arc<Submission>) {
+        let batch = &submission.batch;
         let mut last_of = LastOf::default();
         for (i, (task, bytes)) in self.tasks().enumerate() {
             if i > 0 {
