@@ -17,6 +17,7 @@ use crate::engine::{EngineInner, TransferEngine};
 use crate::error::EngineError;
 use crate::rpc::handle_rpc;
 use crate::segments::{SegmentTable, handle_event};
+use crate::slicing::SliceSize;
 use crate::stats::EngineCounters;
 use crate::transport::{PeerSegment, Transport};
 use crate::types::SegmentId;
@@ -262,6 +263,11 @@ impl TransferEngineBuilder {
             registry: Arc::new(MemoryRegistry::new()),
             counters: Arc::new(EngineCounters::new(self.transports.len(), self.metrics)),
             helpers: Helpers::of(&self.transports),
+            slice_sizes: self
+                .transports
+                .iter()
+                .map(|transport| SliceSize::of(transport.as_ref()))
+                .collect(),
             transports: self.transports,
             store,
             local: RwLock::new(Arc::new(PeerSegment {

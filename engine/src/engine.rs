@@ -18,6 +18,7 @@ use crate::batch::Helpers;
 use crate::builder::TransferEngineBuilder;
 use crate::error::EngineError;
 use crate::segments::SegmentTable;
+use crate::slicing::SliceSize;
 use crate::stats::{EngineCounters, EngineStats, TransportStats};
 use crate::transport::{PeerSegment, Transport, TransportContext};
 use crate::types::Notify;
@@ -30,6 +31,9 @@ pub(crate) struct EngineInner {
     pub(crate) rpc_meta: RpcMeta,
     pub(crate) registry: Arc<MemoryRegistry>,
     pub(crate) transports: Vec<Arc<dyn Transport>>,
+    /// Each transport's (same index) slice size and tail merge, asked once when the engine
+    /// is built: what every submit cuts by.
+    pub(crate) slice_sizes: Vec<SliceSize>,
     /// The transports that take a waiter's help ([`Transport::offers_help`]), if any.
     pub(crate) helpers: Option<Helpers>,
     /// What each transport (same index) moved, counted as its slices complete.

@@ -1,5 +1,7 @@
 //! Cutting a request into slices.
 
+use crate::transport::Transport;
+
 /// Splits `len` bytes into pieces of `slice` bytes; a tail shorter than `min_tail` is merged
 /// into the piece before it (Mooncake: 64 KiB slices, 16 KiB tail merge). Yields
 /// `(offset, length)` pairs that cover `[0, len)` exactly.
@@ -9,6 +11,29 @@ pub fn split(
     min_tail: usize,
 ) -> impl Iterator<Item = (usize, usize)> + Clone {
     Cuts::new(len, slice, min_tail).pieces()
+}
+
+/// How a transport's slices are cut: its largest slice, and the tail below which a last
+/// piece joins the one before ([`Transport::max_slice_size`],
+/// [`Transport::merge_tail_below`]), asked once when the engine is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SliceSize {
+    pub(crate) max: usize,
+    pub(crate) merge_tail_below: usize,
+}
+
+impl SliceSize {
+    pub(crate) fn of(transport: &dyn Transport) -> Self {
+        Self {
+            max: transport.max_slice_size().max(1),
+            merge_tail_below: transport.merge_tail_below(),
+        }
+    }
+
+    /// The cuts of `len` bytes.
+    pub(crate) fn cuts(self, len: usize) -> Cuts {
+        Cuts::new(len, self.max, self.merge_tail_below)
+    }
 }
 
 /// How [`split`] cuts a range, asked without walking it: a merged run of requests needs to

@@ -11,7 +11,6 @@ use crate::batch::{Batch, BatchInner, MAX_TASK_BYTES};
 use crate::engine::{EngineInner, TransferEngine};
 use crate::error::{EngineError, TransferError};
 use crate::merge::{Extent, plan};
-use crate::slicing::Cuts;
 use crate::transport::{PeerSegment, Routes, Slice, Submission, TaskPart};
 use crate::types::{SegmentId, TransferRequest, TransferStatus};
 
@@ -324,8 +323,8 @@ impl TransferEngine {
         if let [alone] = run
             && let Some(submission) = submissions.get(alone.submission as usize)
             && let Some(transport_index) = submission.first_route()
-            && let Some(transport) = self.inner.transports.get(transport_index)
-            && alone.len <= transport.max_slice_size()
+            && let Some(size) = self.inner.slice_sizes.get(transport_index)
+            && alone.len <= size.max
             && let Some(group) = groups.get_mut(transport_index)
         {
             if group.is_empty() {
@@ -361,7 +360,11 @@ impl TransferEngine {
             return;
         };
         let submission = &submissions[head.submission as usize];
-        let Some(transport_index) = submission.first_route() else {
+        let first = submission.first_route().and_then(|transport_index| {
+            let size = self.inner.slice_sizes.get(transport_index)?;
+            Some((transport_index, *size))
+        });
+        let Some((transport_index, size)) = first else {
             // Checked before a request joins a run; kept as a typed failure all the same.
             for extent in run {
                 batch.fail_unstarted(
@@ -374,16 +377,11 @@ impl TransferEngine {
             }
             return;
         };
-        let transport = &self.inner.transports[transport_index];
         // A run is contiguous: it ends where its last request does.
         let run_len = run
             .last()
             .map_or(0, |last| last.local + last.len - head.local);
-        let cuts = Cuts::new(
-            run_len,
-            transport.max_slice_size(),
-            transport.merge_tail_below(),
-        );
+        let cuts = size.cuts(run_len);
         let (opcode, local, remote) = (head.opcode, head.local, head.remote);
         let group = &mut groups[transport_index];
         if group.is_empty() {

@@ -68,11 +68,12 @@ pub trait Transport: Send + Sync + 'static {
         None
     }
 
-    /// Largest slice the engine should hand over.
+    /// Largest slice the engine should hand over; asked once, when the engine is built.
     fn max_slice_size(&self) -> usize;
 
     /// A request's last piece shorter than this is merged into the piece before it
-    /// (Mooncake: 16 KiB for 64 KiB slices), so no slice is tiny.
+    /// (Mooncake: 16 KiB for 64 KiB slices), so no slice is tiny; asked once, when the
+    /// engine is built.
     fn merge_tail_below(&self) -> usize {
         0
     }

@@ -3,7 +3,6 @@
 
 use super::slice::Slice;
 use crate::error::TransferError;
-use crate::slicing::Cuts;
 
 impl Slice {
     /// This transport cannot carry the slice (memory it cannot reach, a peer it cannot
@@ -34,11 +33,10 @@ impl Slice {
             engine.transports[transport].protocol()
         );
         let next_transport = &engine.transports[transport];
-        let cuts = Cuts::new(
-            self.len,
-            next_transport.max_slice_size(),
-            next_transport.merge_tail_below(),
-        );
+        let Some(size) = engine.slice_sizes.get(transport) else {
+            return self.fail(error);
+        };
+        let cuts = size.cuts(self.len);
         if cuts.count() <= 1 {
             self.rank = next as u8;
             return next_transport.submit(&mut vec![self]);
