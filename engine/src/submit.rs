@@ -53,6 +53,17 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = const { RefCell::new(Scratch::EMPTY) };
 }
 
+/// Where the requests of one submit call went lately: what its check of the next request
+/// tries first.
+struct Recent<'a> {
+    /// One pin and one shared record for the requests from one region to one peer, the
+    /// latest last.
+    submissions: &'a mut Vec<Arc<Submission>>,
+    /// The index, among the peer's buffers, of the one the request before went to: the next
+    /// is most likely in it too (a hint only, checked like any other).
+    buffer: usize,
+}
+
 impl TransferEngine {
     /// A new batch taking up to `capacity` requests.
     pub fn allocate_batch(&self, capacity: usize) -> Result<Batch, EngineError> {
@@ -115,13 +126,15 @@ impl TransferEngine {
         // The peer of the request before, and its routes: a batch usually has one peer.
         let mut cached: Option<(Arc<PeerSegment>, Routes)> = None;
         let mut refreshed: Vec<SegmentId> = Vec::new();
-        // The peer's buffer the request before went to: the next is most likely in it too.
-        let mut last_buffer = 0;
         let Scratch {
             extents,
             submissions,
             groups,
         } = scratch;
+        let mut recent = Recent {
+            submissions,
+            buffer: 0,
+        };
         extents.reserve(requests.len());
         for (i, request) in requests.iter().enumerate() {
             let task = first + i;
@@ -131,14 +144,10 @@ impl TransferEngine {
             {
                 cached = self.inner.peer_with_routes(request.target);
             }
-            let mut checked = self.check(
-                batch_inner,
-                task,
-                request,
-                cached.as_ref(),
-                submissions,
-                &mut last_buffer,
-            );
+            let mut checked = match as_before(request, task, cached.as_ref(), &recent) {
+                Some(extent) => Ok(extent),
+                None => self.check(batch_inner, task, request, cached.as_ref(), &mut recent),
+            };
             if let Err(TransferError::TargetOutOfRange { .. }) = checked
                 && request.target != SegmentId::LOCAL
                 && !refreshed.contains(&request.target)
@@ -148,14 +157,7 @@ impl TransferEngine {
                 refreshed.push(request.target);
                 if self.refresh_segment(request.target).is_ok() {
                     cached = self.inner.peer_with_routes(request.target);
-                    checked = self.check(
-                        batch_inner,
-                        task,
-                        request,
-                        cached.as_ref(),
-                        submissions,
-                        &mut last_buffer,
-                    );
+                    checked = self.check(batch_inner, task, request, cached.as_ref(), &mut recent);
                 }
             }
             match checked {
@@ -163,11 +165,18 @@ impl TransferEngine {
                 Err(error) => batch_inner.fail_unstarted(task, error),
             }
         }
+        let submissions = recent.submissions;
         groups.resize_with(self.inner.transports.len(), Vec::new);
         let expected = extents.len();
-        plan(extents, self.inner.merge_requests, MAX_TASK_BYTES, |run| {
-            self.cut_run(batch_inner, run, submissions, groups, expected)
-        });
+        plan(
+            extents,
+            self.inner.merge_requests,
+            MAX_TASK_BYTES,
+            |run| match run {
+                [alone] if self.cut_alone(batch_inner, alone, submissions, groups, expected) => {}
+                _ => self.cut_run(batch_inner, run, submissions, groups, expected),
+            },
+        );
         batch_inner.publish(first + requests.len());
         extents.clear();
         for (transport, slices) in self.inner.transports.iter().zip(groups.iter_mut()) {
@@ -190,53 +199,19 @@ impl TransferEngine {
     }
 
     /// Checks one request and finds (or makes) the submission it goes with: the planner's
-    /// view of it, or why it fails as a task of its own. Most requests go where the one
-    /// before went, into its buffer and with its submission: that is tried first, and
-    /// anything else takes [`check_fully`](Self::check_fully).
-    #[inline]
+    /// view of it, or why it fails as a task of its own. Apart from the loop that calls it,
+    /// which tries [`as_before`] first: only the first request to a buffer or from a region,
+    /// and every request that fails, come here.
+    #[inline(never)]
     fn check(
         &self,
         batch: &Arc<BatchInner>,
         task: usize,
         request: &TransferRequest,
         peer: Option<&(Arc<PeerSegment>, Routes)>,
-        submissions: &mut Vec<Arc<Submission>>,
-        last_buffer: &mut usize,
+        recent: &mut Recent<'_>,
     ) -> Result<Extent, TransferError> {
-        let (len, target) = (request.length, request.target_offset);
-        if let Some((peer, routes)) = peer
-            && len != 0
-            && len as u64 <= MAX_TASK_BYTES
-            && routes.first().is_some()
-            && let Some(buffer) = peer.desc.buffers.get(*last_buffer)
-            && buffer.contains(target, len as u64)
-            && let Some(submission) = submissions.last()
-            && submission.serves(peer, request.source, len)
-        {
-            return Ok(checked_extent(
-                peer,
-                request,
-                submission,
-                buffer.addr,
-                task,
-                submissions.len() - 1,
-            ));
-        }
-        self.check_fully(batch, task, request, peer, submissions, last_buffer)
-    }
-
-    /// [`check`](Self::check) in full: the first request to a buffer or from a region, and
-    /// every request that fails.
-    #[inline(never)]
-    fn check_fully(
-        &self,
-        batch: &Arc<BatchInner>,
-        task: usize,
-        request: &TransferRequest,
-        peer: Option<&(Arc<PeerSegment>, Routes)>,
-        submissions: &mut Vec<Arc<Submission>>,
-        last_buffer: &mut usize,
-    ) -> Result<Extent, TransferError> {
+        let submissions = &mut *recent.submissions;
         let len = request.length;
         if len == 0 {
             return Err(TransferError::ZeroLength);
@@ -245,7 +220,7 @@ impl TransferEngine {
         let buffers = &peer.desc.buffers;
         let (target, target_len) = (request.target_offset, len as u64);
         // The last request's buffer first (a hint only: checked like any other), then all.
-        let buffer = match buffers.get(*last_buffer) {
+        let buffer = match buffers.get(recent.buffer) {
             Some(buffer) if buffer.contains(target, target_len) => buffer,
             _ => {
                 let found = buffers
@@ -256,7 +231,7 @@ impl TransferEngine {
                         addr: target,
                         len,
                     })?;
-                *last_buffer = found;
+                recent.buffer = found;
                 &buffers[found]
             }
         };
@@ -307,21 +282,19 @@ impl TransferEngine {
         ))
     }
 
-    /// Starts the tasks of one run and cuts the run into slices for its first transport,
-    /// pushed onto that transport's group. Each task counts the slices that hold bytes of it.
-    /// Most runs are one request of one slice: that is done here, the rest by
-    /// [`cut_run_fully`](Self::cut_run_fully).
+    /// Starts the task of a run of one request that fits in one slice of its first
+    /// transport, pushed onto that transport's group: most runs. False, with nothing done,
+    /// for any other, which [`cut_run`](Self::cut_run) takes.
     #[inline]
-    fn cut_run(
+    fn cut_alone(
         &self,
         batch: &BatchInner,
-        run: &[Extent],
+        alone: &Extent,
         submissions: &[Arc<Submission>],
         groups: &mut [Vec<Slice>],
-        expected: usize,
-    ) {
-        if let [alone] = run
-            && let Some(submission) = submissions.get(alone.submission as usize)
+        room: usize,
+    ) -> bool {
+        if let Some(submission) = submissions.get(alone.submission as usize)
             && let Some(transport_index) = submission.first_route()
             && let Some(size) = self.inner.slice_sizes.get(transport_index)
             && alone.len <= size.max
@@ -329,7 +302,7 @@ impl TransferEngine {
         {
             if group.is_empty() {
                 // Room for a slice per request at once: most requests are one slice.
-                group.reserve(expected);
+                group.reserve(room);
             }
             let task = alone.task as usize;
             group.push(Slice::new(
@@ -341,14 +314,15 @@ impl TransferEngine {
                 alone.remote,
             ));
             batch.start_task(task, 1, alone.opcode, transport_index);
-            return;
+            return true;
         }
-        self.cut_run_fully(batch, run, submissions, groups, expected);
+        false
     }
 
-    /// [`cut_run`](Self::cut_run) for a run of several requests, or of more than one slice.
+    /// Starts the tasks of one run and cuts the run into slices for its first transport,
+    /// pushed onto that transport's group. Each task counts the slices that hold bytes of it.
     #[inline(never)]
-    fn cut_run_fully(
+    fn cut_run(
         &self,
         batch: &BatchInner,
         run: &[Extent],
@@ -580,4 +554,35 @@ fn checked_extent(
         task: task as u32,
         submission: index as u32,
     }
+}
+
+/// A request going where the one before went (into the peer's buffer it went to, from the
+/// region of the call's last submission), checked in a few comparisons: its extent, or
+/// `None` for the full [`check`](TransferEngine::check).
+#[inline]
+fn as_before(
+    request: &TransferRequest,
+    task: usize,
+    peer: Option<&(Arc<PeerSegment>, Routes)>,
+    recent: &Recent<'_>,
+) -> Option<Extent> {
+    let (peer, routes) = peer?;
+    let len = request.length;
+    let buffer = peer.desc.buffers.get(recent.buffer)?;
+    let submission = recent.submissions.last()?;
+    let fits = len != 0
+        && len as u64 <= MAX_TASK_BYTES
+        && routes.first().is_some()
+        && buffer.contains(request.target_offset, len as u64)
+        && submission.serves(peer, request.source, len);
+    fits.then(|| {
+        checked_extent(
+            peer,
+            request,
+            submission,
+            buffer.addr,
+            task,
+            recent.submissions.len() - 1,
+        )
+    })
 }
