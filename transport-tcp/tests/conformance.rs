@@ -123,3 +123,47 @@ fn tcp_framings_meet_at_the_older_one() {
         );
     }
 }
+
+/// Memory the target registers after the initiator opened it is reached by the next submit:
+/// the request's target lies outside the cached descriptor, so the submit re-fetches it once
+/// (no refresh call) and the request moves; a range the target never registered still fails
+/// as out of range, after that one re-fetch.
+#[test]
+fn memory_registered_after_open_is_reached_through_one_refetch() {
+    let make = || {
+        TransferEngine::builder()
+            .local_server_name("127.0.0.1")
+            .transport(TcpTransport::new(TcpConfig::default()))
+    };
+    let target = make().build().unwrap();
+    let initiator = make().build().unwrap();
+    let first = target.allocate(1 << 20, "cpu:0").unwrap();
+    let local = initiator.allocate(2 << 20, "cpu:0").unwrap();
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    let later = target.allocate(1 << 20, "cpu:0").unwrap();
+    let outside = later.addr() as u64 + (2 << 20);
+    let data: Vec<u8> = (0..1 << 20)
+        .map(|i| conformance::pattern_byte(5, i))
+        .collect();
+    local.write_at(0, &data).unwrap();
+    let batch = initiator.allocate_batch(3).unwrap();
+    initiator
+        .submit(
+            &batch,
+            &[
+                TransferRequest::write(local.addr(), peer, first.addr() as u64, 4096),
+                TransferRequest::write(local.addr(), peer, later.addr() as u64, 1 << 20),
+                TransferRequest::write(local.addr(), peer, outside, 4096),
+            ],
+        )
+        .unwrap();
+    let status = batch.wait(std::time::Duration::from_secs(30));
+    assert_eq!((status.completed, status.failed), (2, 1), "{status:?}");
+    assert!(matches!(
+        batch.task_status(2).unwrap().status,
+        tern_engine::TransferStatus::Failed(tern_engine::TransferError::TargetOutOfRange { .. })
+    ));
+    let mut landed = vec![0u8; 1 << 20];
+    later.read_at(0, &mut landed).unwrap();
+    assert!(landed == data, "the later buffer holds what was written");
+}
