@@ -14,7 +14,10 @@ place of the drop-in, against the same ``tern-bench`` target, to compare the two
 lists and transport (lists only: Mooncake's batch calls take no arrays);
 ``--case idle``: the process's CPU while its engine idles, then while a thread is blocked in
 ``batch_transfer_sync_write`` to a stopped target until the deadline.
-Prints one JSON line.
+Prints one JSON line; with ``--paced`` (not ``idle``), ``ready`` once set up, then a JSON line
+per line read from stdin, each a round measured as the first is (a warm-up call, then
+``--duration`` s), until stdin closes: one process and one target serve every round, which the
+caller alternates with tern-bench's runs.
 """
 
 from __future__ import annotations
@@ -71,9 +74,11 @@ def main() -> None:
     parser.add_argument("--protocol", choices=["tcp", "shm"], default="tcp")
     parser.add_argument("--module", choices=["tern", "mooncake"], default="tern")
     parser.add_argument("--chunk", type=int, default=DESCRIPTORS, help="descriptors per call in --case descriptors")
+    parser.add_argument("--paced", action="store_true", help="a round per line read from stdin, until it closes")
     args = parser.parse_args()
     TransferEngine = engine_class(args.module)
     if args.case == "idle":
+        # The drop-in takes at least 5 s, as Mooncake's Python layer does.
         os.environ["MC_TRANSFER_TIMEOUT"] = "5"
     buffer = DESCRIPTORS * DESCRIPTOR_BYTES if args.case == "descriptors" else BUFFER
     target = subprocess.Popen(
@@ -98,39 +103,44 @@ def main() -> None:
         base = engine.allocate_managed_buffer(buffer)
         assert base != 0
         remote = engine.get_first_buffer_address(segment)
-        result: dict = {"case": args.case, "protocol": args.protocol, "module": args.module}
+        measure = None
         if args.case == "latency":
-            block, blocks = 4096, BUFFER // 4096
-            latencies = []
-            i = 0
-            warm_up(lambda: engine.transfer_sync_read(segment, base, remote, block))
-            stop = time.perf_counter() + args.duration
-            while time.perf_counter() < stop:
-                offset = (i % blocks) * block
-                began = time.perf_counter_ns()
-                code = engine.transfer_sync_read(segment, base + offset, remote + offset, block)
-                latencies.append((time.perf_counter_ns() - began) / 1000)
-                assert code == 0
-                i += 1
-            latencies.sort()
-            result.update(calls=len(latencies), p50_latency_us=latencies[len(latencies) // 2], p99_latency_us=latencies[int(len(latencies) * 0.99)])
+            def measure(result: dict) -> None:
+                block, blocks = 4096, BUFFER // 4096
+                latencies = []
+                i = 0
+                warm_up(lambda: engine.transfer_sync_read(segment, base, remote, block))
+                stop = time.perf_counter() + args.duration
+                while time.perf_counter() < stop:
+                    offset = (i % blocks) * block
+                    began = time.perf_counter_ns()
+                    code = engine.transfer_sync_read(segment, base + offset, remote + offset, block)
+                    latencies.append((time.perf_counter_ns() - began) / 1000)
+                    assert code == 0
+                    i += 1
+                latencies.sort()
+                result.update(calls=len(latencies), p50_latency_us=latencies[len(latencies) // 2], p99_latency_us=latencies[int(len(latencies) * 0.99)])
+
         elif args.case == "throughput":
-            block, batch = 65536, 128
-            blocks = BUFFER // block
-            moved, round_ = 0, 0
-            offsets = [j * block for j in range(batch)]
-            warm_up(lambda: engine.batch_transfer_sync_write(segment, [base + o for o in offsets], [remote + o for o in offsets], [block] * batch))
-            started = time.perf_counter()
-            stop = started + args.duration
-            while time.perf_counter() < stop:
-                first = (round_ * batch) % blocks
-                offsets = [((first + j) % blocks) * block for j in range(batch)]
-                code = engine.batch_transfer_sync_write(segment, [base + o for o in offsets], [remote + o for o in offsets], [block] * batch)
-                assert code == 0
-                moved += block * batch
-                round_ += 1
-            seconds = time.perf_counter() - started
-            result.update(bytes=moved, seconds=seconds, gbps=moved / seconds / 1e9)
+
+            def measure(result: dict) -> None:
+                block, batch = 65536, 128
+                blocks = BUFFER // block
+                moved, round_ = 0, 0
+                offsets = [j * block for j in range(batch)]
+                warm_up(lambda: engine.batch_transfer_sync_write(segment, [base + o for o in offsets], [remote + o for o in offsets], [block] * batch))
+                started = time.perf_counter()
+                stop = started + args.duration
+                while time.perf_counter() < stop:
+                    first = (round_ * batch) % blocks
+                    offsets = [((first + j) % blocks) * block for j in range(batch)]
+                    code = engine.batch_transfer_sync_write(segment, [base + o for o in offsets], [remote + o for o in offsets], [block] * batch)
+                    assert code == 0
+                    moved += block * batch
+                    round_ += 1
+                seconds = time.perf_counter() - started
+                result.update(bytes=moved, seconds=seconds, gbps=moved / seconds / 1e9)
+
         elif args.case == "descriptors":
             # OpenBLAS's idle threads would spin beside the engine on a small machine.
             os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -147,23 +157,27 @@ def main() -> None:
                 form: [given] if args.chunk >= DESCRIPTORS else [tuple(values[first : first + args.chunk] for values in given) for first in range(0, DESCRIPTORS, args.chunk)]
                 for form, given in forms
             }
-            for form, _ in forms:
-                warm_up(lambda: engine.batch_transfer_sync_write(segment, *calls[form][0]))
-            # Alternating, so that both forms see the same moments of the machine.
-            times: dict[str, list[float]] = {form: [] for form, _ in forms}
-            stop = time.perf_counter() + args.duration
-            while time.perf_counter() < stop or not times[forms[-1][0]]:
+
+            def measure(result: dict) -> None:
                 for form, _ in forms:
-                    began = time.perf_counter_ns()
-                    for call in calls[form]:
-                        code = engine.batch_transfer_sync_write(segment, *call)
-                        assert code == 0, f"batch_transfer_sync_write of {args.chunk} descriptors returned {code}"
-                    times[form].append((time.perf_counter_ns() - began) / 1000)
-            for form, values in times.items():
-                values.sort()
-                result[f"p50_{form}_us"] = values[len(values) // 2]
-            result.update(calls=len(times["lists"]), descriptors=DESCRIPTORS, block=DESCRIPTOR_BYTES, per_call=args.chunk)
+                    warm_up(lambda: engine.batch_transfer_sync_write(segment, *calls[form][0]))
+                # Alternating, so that both forms see the same moments of the machine.
+                times: dict[str, list[float]] = {form: [] for form, _ in forms}
+                stop = time.perf_counter() + args.duration
+                while time.perf_counter() < stop or not times[forms[-1][0]]:
+                    for form, _ in forms:
+                        began = time.perf_counter_ns()
+                        for call in calls[form]:
+                            code = engine.batch_transfer_sync_write(segment, *call)
+                            assert code == 0, f"batch_transfer_sync_write of {args.chunk} descriptors returned {code}"
+                        times[form].append((time.perf_counter_ns() - began) / 1000)
+                for form, values in times.items():
+                    values.sort()
+                    result[f"p50_{form}_us"] = values[len(values) // 2]
+                result.update(calls=len(times["lists"]), descriptors=DESCRIPTORS, block=DESCRIPTOR_BYTES, per_call=args.chunk)
+
         else:
+            result: dict = {"case": args.case, "protocol": args.protocol, "module": args.module}
             idle = min(args.duration, 5.0)
             cpu, wall = cpu_seconds(), time.monotonic()
             time.sleep(idle)
@@ -177,7 +191,15 @@ def main() -> None:
             blocked = time.monotonic() - wall
             target.send_signal(signal.SIGCONT)
             result.update(blocked_code=code, blocked_seconds=blocked, blocked_cpu_pct=(cpu_seconds() - cpu) / blocked * 100)
-        print(json.dumps(result))
+            print(json.dumps(result))
+        if measure is not None and args.paced:
+            print("ready", flush=True)
+        while measure is not None and (not args.paced or sys.stdin.readline()):
+            result = {"case": args.case, "protocol": args.protocol, "module": args.module}
+            measure(result)
+            print(json.dumps(result), flush=True)
+            if not args.paced:
+                break
     finally:
         target.send_signal(signal.SIGCONT)
         target.terminate()

@@ -25,11 +25,33 @@ const ROUNDS: usize = 5;
 const SPAN: usize = 256 << 20;
 const BLOCKS: [usize; 2] = [64 << 10, 1 << 20];
 
+/// The two buffers `memcpy` copies between, [`SPAN`] bytes each, made once for the whole table
+/// (this binary is built without optimisation: filling 256 MiB byte by byte took ~3 s a round).
+struct MemcpyBuffers {
+    src: Vec<u8>,
+    dst: Vec<u8>,
+}
+
+impl MemcpyBuffers {
+    fn new() -> Self {
+        let pattern: Vec<u8> = (0..=255u8).collect();
+        let mut src = vec![0u8; SPAN];
+        // Byte i holds i mod 256, written a pattern at a time.
+        for chunk in src.chunks_exact_mut(pattern.len()) {
+            chunk.copy_from_slice(&pattern);
+        }
+        Self {
+            src,
+            dst: vec![1u8; SPAN],
+        }
+    }
+}
+
 /// GB/s of one thread copying `block`-byte pieces from one buffer into another of `span`
 /// bytes, piece `i` to piece `i` as Tern's benchmark moves them, for `seconds`.
-fn memcpy_rate(block: usize, span: usize, seconds: f64) -> f64 {
-    let src: Vec<u8> = (0..span).map(|i| i as u8).collect();
-    let mut dst = vec![1u8; span];
+fn memcpy_rate(buffers: &mut MemcpyBuffers, block: usize, span: usize, seconds: f64) -> f64 {
+    let src = &buffers.src[..span];
+    let dst = &mut buffers.dst[..span];
     let pieces = span / block;
     let until = Duration::from_secs_f64(seconds);
     let started = Instant::now();
@@ -44,7 +66,7 @@ fn memcpy_rate(block: usize, span: usize, seconds: f64) -> f64 {
         }
         moved += 64 * block as u64;
     }
-    std::hint::black_box(&dst);
+    std::hint::black_box(&*dst);
     moved as f64 / started.elapsed().as_secs_f64() / 1e9
 }
 
@@ -120,7 +142,11 @@ fn ucx_rate(path: UcxPath, op: &str, block: usize, seconds: f64, port: u16) -> R
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("ucx_perftest: {e}"))?;
-    std::thread::sleep(Duration::from_millis(500));
+    // The client starts once the server listens (it was a fixed 500 ms before: 6 s a table).
+    let listening = Instant::now();
+    while !listens(port) && listening.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let client = Command::new("ucx_perftest")
         .args(args(false))
         .env("UCX_TLS", "posix,cma,self")
@@ -146,6 +172,20 @@ fn ucx_rate(path: UcxPath, op: &str, block: usize, seconds: f64, port: u16) -> R
                 String::from_utf8_lossy(&output.stderr)
             )
         })
+}
+
+/// Whether a TCP socket of this host listens on `port` (`/proc/net/tcp`, `tcp6`: the local
+/// address is `ADDR:PORT` in hex, state `0A` is LISTEN), without connecting to it.
+fn listens(port: u16) -> bool {
+    let suffix = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|table| {
+        std::fs::read_to_string(table).is_ok_and(|text| {
+            text.lines().skip(1).any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.len() > 3 && fields[1].ends_with(&suffix) && fields[3] == "0A"
+            })
+        })
+    })
 }
 
 /// One Tern loopback run; GB/s and the JSON line.
@@ -194,6 +234,7 @@ pub(crate) fn bench(exe: &Path, duration: f64, headline: bool) {
     let mut tern: HashMap<Row, Vec<f64>> = HashMap::new();
     let mut lines = Vec::new();
     let mut port = 13400u16;
+    let mut buffers = MemcpyBuffers::new();
     for &memory in memories {
         for block in BLOCKS {
             for buffer in [SPAN, block] {
@@ -207,7 +248,7 @@ pub(crate) fn bench(exe: &Path, duration: f64, headline: bool) {
                     memcpy
                         .entry((memory, block, buffer))
                         .or_default()
-                        .push(memcpy_rate(block, buffer, seconds.min(2.0)));
+                        .push(memcpy_rate(&mut buffers, block, buffer, seconds.min(2.0)));
                     for op in ["write", "read"] {
                         let row = (memory, op, block, buffer);
                         match tern_rate(exe, memory, op, block, buffer, seconds) {

@@ -3,13 +3,15 @@
 //! pytest and numpy); the Python rows of `cargo xtask bench`. Nothing is installed outside
 //! `target/`.
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use crate::{ROUNDS, cargo, median, root, run};
 
 const MATURIN: &str = "maturin==1.16.0";
-const TEST_PACKAGES: [&str; 2] = ["pytest==9.2.0", "numpy==2.4.6"];
+const NUMPY: &str = "numpy==2.4.6";
+const TEST_PACKAGES: [&str; 2] = ["pytest==9.2.0", NUMPY];
 
 /// Which wheel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +78,8 @@ pub fn build(variant: Variant) -> Result<PathBuf, String> {
         }
     }
     let mut maturin = Command::new(tools.with_file_name("maturin"));
+    // maturin runs cargo, which shares the target directory with every other build.
+    crate::without_run_env(&mut maturin);
     maturin
         .current_dir(root())
         .args(["build", "--release", "--manifest-path", "python/Cargo.toml"])
@@ -145,6 +149,84 @@ fn test_venv(variant: Variant, wheel: &Path) -> Result<PathBuf, String> {
         .arg(wheel);
     run(install, &format!("pip install {}", wheel.display()))?;
     Ok(python)
+}
+
+/// The bench's venv, kept between runs (the suites' venvs are made afresh: 10 s here): numpy,
+/// which `bench.py --case descriptors` imports, and the wheel just built, installed over the
+/// one before; returns its python.
+fn bench_venv(wheel: &Path) -> Result<PathBuf, String> {
+    let dir = python_dir().join("venv-bench");
+    let made = dir.join("bin/python").exists();
+    let python = venv(&dir, if made { &[] } else { &[NUMPY] })?;
+    let mut install = Command::new(&python);
+    install
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--force-reinstall",
+        ])
+        .arg(wheel);
+    run(install, &format!("pip install {}", wheel.display()))?;
+    Ok(python)
+}
+
+/// A `bench.py --paced` process: one engine and target for every round of a case, a round
+/// measured per line written to it.
+struct Paced {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: std::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl Paced {
+    fn start(mut command: Command) -> Result<Self, String> {
+        let mut child = command
+            .arg("--paced")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("bench.py: {e}"))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().ok_or("bench.py: no stdout")?;
+        let mut paced = Self {
+            child,
+            stdin,
+            lines: BufReader::new(stdout).lines(),
+        };
+        // Set up before the first round's tern-bench run starts, not during it.
+        match paced.lines.next() {
+            Some(Ok(line)) if line == "ready" => Ok(paced),
+            other => Err(format!("bench.py did not start: {other:?}")),
+        }
+    }
+
+    /// One round; its JSON line.
+    fn round(&mut self) -> Result<String, String> {
+        let stdin = self.stdin.as_mut().ok_or("bench.py: stdin closed")?;
+        stdin
+            .write_all(b"go\n")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("bench.py went away: {e}"))?;
+        match self.lines.next() {
+            Some(Ok(line)) => Ok(line),
+            _ => Err(format!(
+                "bench.py printed no round ({:?})",
+                self.child.wait().ok()
+            )),
+        }
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        // Its stdin closed, it stops its target and ends.
+        self.stdin = None;
+        let _ = self.child.wait();
+    }
 }
 
 /// The binaries the suites start, built in the dev profile; returns their directory.
@@ -276,7 +358,7 @@ pub fn bench(exe: &Path, duration: f64, mooncake: bool) {
 
 fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
     let wheel = build(Variant::Default)?;
-    let python = test_venv(Variant::Default, &wheel)?;
+    let python = bench_venv(&wheel)?;
     let mooncake = mooncake_python(mooncake)?;
     let rust_sized = |protocol: &str,
                       op: &str,
@@ -334,6 +416,9 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
     };
     let python_row =
         |case: &str, protocol: &str| python_output(bench_py(&python, case, protocol, &[]), case);
+    // The rounds of one case from one Python process (its engine idle while tern-bench runs):
+    // a process and its target cost 1-6 s to start, the descriptors' 1.6 GB the most.
+    let paced = |case: &str, protocol: &str| Paced::start(bench_py(&python, case, protocol, &[]));
     let mooncake_row = |mooncake: &MooncakePython, case: &str| {
         let extra = [
             "--module".to_owned(),
@@ -351,23 +436,27 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
     // pair three times over, as its difference is small beside how much one run moves.
     let mut latency_rounds = Vec::new();
     let mut raw = Vec::new();
+    let mut python_latency_rounds = paced("latency", "tcp")?;
     for _ in 0..ROUNDS {
         let rust_latency = rust("tcp", "read", 4096, 1)?;
-        let python_latency = python_row("latency", "tcp")?;
+        let python_latency = python_latency_rounds.round()?;
         latency_rounds.push((
             number(&rust_latency, "p50_latency_us").ok_or("no tern-bench p50")?,
             number(&python_latency, "p50_latency_us").ok_or("no Python p50")?,
         ));
         raw.extend([rust_latency, python_latency]);
     }
+    drop(python_latency_rounds);
     // Throughput pairs the same way, each row the median of its rounds.
     let mut throughput_rounds: Vec<[f64; 4]> = Vec::new();
+    let mut python_tcp_rounds = paced("throughput", "tcp")?;
+    let mut python_shm_rounds = paced("throughput", "shm")?;
     for _ in 0..ROUNDS {
         let runs = [
             rust("tcp", "write", 65536, 128)?,
-            python_row("throughput", "tcp")?,
+            python_tcp_rounds.round()?,
             rust("shm", "write", 65536, 128)?,
-            python_row("throughput", "shm")?,
+            python_shm_rounds.round()?,
         ];
         let mut gbps = [0.0; 4];
         for (value, run) in gbps.iter_mut().zip(&runs) {
@@ -380,10 +469,12 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
     // bytes' time varies least: the p50s' difference over the count is the binding's cost per
     // descriptor beyond the engine's own.
     const DESCRIPTORS: usize = 100_000;
+    drop((python_tcp_rounds, python_shm_rounds));
     let mut descriptor_rounds: Vec<[f64; 3]> = Vec::new();
+    let mut python_descriptor_rounds = paced("descriptors", "shm")?;
     for _ in 0..ROUNDS {
         let rust_run = rust_sized("shm", "write", 16 << 10, DESCRIPTORS, DESCRIPTORS << 14)?;
-        let python_run = python_row("descriptors", "shm")?;
+        let python_run = python_descriptor_rounds.round()?;
         descriptor_rounds.push([
             number(&rust_run, "p50_latency_us").ok_or("no tern-bench p50")?,
             number(&python_run, "p50_lists_us").ok_or("no Python p50 (lists)")?,
@@ -391,6 +482,7 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
         ]);
         raw.extend([rust_run, python_run]);
     }
+    drop(python_descriptor_rounds);
     // Mooncake's module beside the drop-in: the same lists over TCP to the same kind of
     // target, and the 128 x 64 KiB batches; each round alternates the two.
     let mut mooncake_rounds: Vec<[f64; 4]> = Vec::new();
