@@ -9,7 +9,9 @@
 //! `slice_cost BATCHES [PER_BATCH] [contiguous|gaps] [threaded|instant]`:
 //! - `PER_BATCH`: requests per batch, 128 by default, 1 for the cost of a lone request.
 //! - `contiguous` requests are neighbours both locally and remotely, so the engine merges
-//!   them into one run; `gaps` leaves 4 KiB between them, so each moves on its own.
+//!   them into one run; `gaps` leaves 4 KiB between them, so each moves on its own; `runs`
+//!   submits contiguous requests in runs of 8 out of address order (runs 0, 5, 10, …, as
+//!   a serving stack hands over a layer's pages), which the engine puts in order and merges.
 //! - `threaded` completes slices on another thread, as real transports do; `instant`
 //!   completes them inside `submit`, which leaves the engine's bookkeeping alone.
 
@@ -23,6 +25,8 @@ use threaded::ThreadedTransport;
 
 const LEN: usize = 64 << 10;
 const MAX_PER_BATCH: usize = 128;
+/// Requests in a run of the `runs` layout.
+const RUN: usize = 8;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -32,10 +36,11 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(MAX_PER_BATCH)
         .clamp(1, MAX_PER_BATCH);
-    let gap = match args.get(2).map(String::as_str) {
-        None | Some("contiguous") => 0,
-        Some("gaps") => 4 << 10,
-        Some(other) => panic!("layout {other}: contiguous or gaps"),
+    let (gap, in_runs) = match args.get(2).map(String::as_str) {
+        None | Some("contiguous") => (0, false),
+        Some("gaps") => (4 << 10, false),
+        Some("runs") => (0, true),
+        Some(other) => panic!("layout {other}: contiguous, gaps or runs"),
     };
     let transport = match args.get(3).map(String::as_str) {
         None | Some("threaded") => ThreadedTransport::new(LEN),
@@ -50,8 +55,17 @@ fn main() {
     let stride = LEN + gap;
     let half = MAX_PER_BATCH * stride;
     let buffer = engine.allocate(2 * half, "cpu:0").expect("buffer");
+    let runs = per_batch.div_ceil(RUN);
     let requests: Vec<TransferRequest> = (0..per_batch)
-        .map(|i| {
+        .map(|n| {
+            // Where the `n`th request submitted sits: in order, or the runs of `RUN` taken
+            // 0, 5, 10, … (5 has no factor in common with a power of two, so every run comes
+            // once when their count is one).
+            let i = if in_runs && runs.is_power_of_two() {
+                (n / RUN * 5 % runs) * RUN + n % RUN
+            } else {
+                n
+            };
             TransferRequest::write(
                 buffer.addr() + i * stride,
                 SegmentId::LOCAL,

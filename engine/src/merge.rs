@@ -54,15 +54,52 @@ impl Extent {
     }
 }
 
+/// Room the planner reorders in, kept by the caller between calls so that a plan
+/// allocates nothing once it has grown.
+#[derive(Debug, Default)]
+pub(crate) struct PlanRoom {
+    /// The runs of neighbours as submitted, by their first request.
+    heads: Vec<Head>,
+    /// The requests again, runs in address order.
+    ordered: Vec<Extent>,
+}
+
+impl PlanRoom {
+    pub(crate) const EMPTY: Self = Self {
+        heads: Vec::new(),
+        ordered: Vec::new(),
+    };
+
+    /// Lets go of room past `keep` entries (a batch of many thousand requests made it).
+    pub(crate) fn trim(&mut self, keep: usize) {
+        if self.ordered.capacity() > keep {
+            *self = Self::default();
+        }
+    }
+}
+
+/// A run of neighbours in submission order: where its requests sit among the extents, and
+/// its first request's place in the address order.
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    order: (usize, bool, usize, u32),
+    start: u32,
+    end: u32,
+}
+
 /// Hands `each_run` the runs of `extents`: neighbours (same peer and opcode, contiguous both
 /// locally and remotely, in one local region and one remote buffer) together, at most
 /// `max_run` bytes each. With `merge` off, each request is a run of its own, in submission
-/// order. With it on, `extents` is sorted first unless it already is (the common case costs
-/// one pass), so that neighbours submitted in any order meet.
+/// order. With it on, neighbours submitted in any order meet: requests already in address
+/// order (the common case) cost one pass; others are first gathered into the runs they make
+/// as submitted (pages submitted a few consecutive ones at a time, as serving stacks do), and
+/// those runs — not each request — are put in address order, so a submit of `n` requests in
+/// `r` such runs sorts `r` entries, not `n`.
 pub(crate) fn plan(
-    extents: &mut [Extent],
+    extents: &[Extent],
     merge: bool,
     max_run: u64,
+    room: &mut PlanRoom,
     mut each_run: impl FnMut(&[Extent]),
 ) {
     if !merge || extents.len() == 1 {
@@ -71,9 +108,36 @@ pub(crate) fn plan(
         }
         return;
     }
-    if !extents.is_sorted_by_key(Extent::order) {
-        extents.sort_unstable_by_key(Extent::order);
+    if extents.is_sorted_by_key(Extent::order) {
+        return runs_in_order(extents, max_run, each_run);
     }
+    let PlanRoom { heads, ordered } = room;
+    heads.clear();
+    let mut start = 0;
+    for i in 1..=extents.len() {
+        // The runs as submitted, uncapped: the pass below caps what it merges.
+        if i == extents.len() || !extents[i - 1].continues_into(&extents[i], 0, u64::MAX) {
+            heads.push(Head {
+                order: extents[start].order(),
+                start: start as u32,
+                end: i as u32,
+            });
+            start = i;
+        }
+    }
+    // Orders are unique (the task breaks ties), so an unstable sort orders as a stable one.
+    heads.sort_unstable_by_key(|head| head.order);
+    ordered.clear();
+    ordered.reserve(extents.len());
+    for head in heads.iter() {
+        ordered.extend_from_slice(&extents[head.start as usize..head.end as usize]);
+    }
+    runs_in_order(ordered, max_run, each_run);
+}
+
+/// Hands `each_run` the runs of `extents`, taken in the order they are: neighbours meet only
+/// where they sit side by side.
+fn runs_in_order(extents: &[Extent], max_run: u64, mut each_run: impl FnMut(&[Extent])) {
     let mut start = 0;
     let mut run_len = 0u64;
     for i in 0..extents.len() {
@@ -113,9 +177,9 @@ mod tests {
     }
 
     /// The runs, as the tasks of each.
-    fn runs(extents: &mut [Extent], merge: bool, max_run: u64) -> Vec<Vec<u32>> {
+    fn runs(extents: &[Extent], merge: bool, max_run: u64) -> Vec<Vec<u32>> {
         let mut runs = Vec::new();
-        plan(extents, merge, max_run, |run| {
+        plan(extents, merge, max_run, &mut PlanRoom::default(), |run| {
             runs.push(run.iter().map(|e| e.task).collect())
         });
         runs
@@ -127,17 +191,17 @@ mod tests {
 
     #[test]
     fn contiguous_pages_make_one_run_and_merging_off_makes_one_per_request() {
-        let mut extents: Vec<_> = (0..64).map(|i| page(i, i as usize)).collect();
-        assert_eq!(runs(&mut extents, true, u64::MAX), [tasks(0..64)]);
+        let extents: Vec<_> = (0..64).map(|i| page(i, i as usize)).collect();
+        assert_eq!(runs(&extents, true, u64::MAX), [tasks(0..64)]);
         let alone: Vec<Vec<u32>> = (0..64).map(|i| vec![i]).collect();
-        assert_eq!(runs(&mut extents, false, u64::MAX), alone);
+        assert_eq!(runs(&extents, false, u64::MAX), alone);
     }
 
     #[test]
     fn neighbours_submitted_out_of_order_are_merged_in_address_order() {
         // Pages 0..16 submitted as 8..16 then 0..8 reversed: one run, in address order.
         let order: Vec<usize> = (8..16).chain((0..8).rev()).collect();
-        let mut extents: Vec<_> = order
+        let extents: Vec<_> = order
             .iter()
             .enumerate()
             .map(|(task, &p)| page(task as u32, p))
@@ -145,7 +209,7 @@ mod tests {
         let by_address: Vec<u32> = (0..16)
             .map(|p| order.iter().position(|&o| o == p).unwrap() as u32)
             .collect();
-        assert_eq!(runs(&mut extents, true, u64::MAX), [by_address]);
+        assert_eq!(runs(&extents, true, u64::MAX), [by_address]);
     }
 
     #[test]
@@ -154,16 +218,16 @@ mod tests {
         let mut overlap = page(3, 3);
         overlap.local += 1;
         overlap.remote += 1;
-        let mut extents = [page(0, 0), page(1, 1), page(2, 3), overlap];
+        let extents = [page(0, 0), page(1, 1), page(2, 3), overlap];
         assert_eq!(
-            runs(&mut extents, true, u64::MAX),
+            runs(&extents, true, u64::MAX),
             [vec![0, 1], vec![2], vec![3]]
         );
         // Contiguous locally, not remotely: no run.
         let mut remote_gap = page(1, 1);
         remote_gap.remote += PAGE as u64;
-        let mut extents = [page(0, 0), remote_gap];
-        assert_eq!(runs(&mut extents, true, u64::MAX), [vec![0], vec![1]]);
+        let extents = [page(0, 0), remote_gap];
+        assert_eq!(runs(&extents, true, u64::MAX), [vec![0], vec![1]]);
     }
 
     #[test]
@@ -172,8 +236,8 @@ mod tests {
         other_peer.peer = 2;
         let mut write = page(2, 2);
         write.opcode = Opcode::Write;
-        let mut extents = [page(0, 0), other_peer, write, page(3, 3)];
-        let mut found = runs(&mut extents, true, u64::MAX);
+        let extents = [page(0, 0), other_peer, write, page(3, 3)];
+        let mut found = runs(&extents, true, u64::MAX);
         found.sort();
         assert_eq!(found, [vec![0], vec![1], vec![2], vec![3]]);
     }
@@ -187,10 +251,10 @@ mod tests {
         let after = page(5, 4 + huge_pages);
         let mut extents: Vec<_> = (0..4).map(|i| page(i, i as usize)).collect();
         extents.extend([huge, after]);
-        assert_eq!(runs(&mut extents, true, u64::MAX), [tasks(0..6)]);
+        assert_eq!(runs(&extents, true, u64::MAX), [tasks(0..6)]);
         // A cap on a run's bytes cuts it where the next request would pass it.
         assert_eq!(
-            runs(&mut extents, true, (4 * PAGE) as u64 + (1 << 30)),
+            runs(&extents, true, (4 * PAGE) as u64 + (1 << 30)),
             [tasks(0..5), vec![5]]
         );
     }
@@ -207,7 +271,7 @@ mod tests {
             extent.remote_buffer = REMOTE + (4 * PAGE) as u64;
         }
         assert_eq!(
-            runs(&mut extents, true, u64::MAX),
+            runs(&extents, true, u64::MAX),
             [vec![0, 1], vec![2, 3], vec![4, 5]]
         );
     }
@@ -216,12 +280,87 @@ mod tests {
     fn interleaved_layers_sort_into_one_run_per_layer() {
         // Two layers 1 MiB apart, their pages submitted alternately.
         let layer_pages = (1 << 20) / PAGE;
-        let mut extents: Vec<_> = (0..8)
+        let extents: Vec<_> = (0..8)
             .map(|i| page(i, (i as usize % 2) * layer_pages + i as usize / 2))
             .collect();
         assert_eq!(
-            runs(&mut extents, true, u64::MAX),
+            runs(&extents, true, u64::MAX),
             [vec![0, 2, 4, 6], vec![1, 3, 5, 7]]
         );
+    }
+
+    /// The runs a full sort of the requests by address would make: what gathering the runs
+    /// as submitted and sorting those must come to.
+    fn runs_of_a_full_sort(extents: &[Extent], max_run: u64) -> Vec<Vec<u32>> {
+        let mut sorted = extents.to_vec();
+        sorted.sort_by_key(Extent::order);
+        let mut runs = Vec::new();
+        runs_in_order(&sorted, max_run, |run| {
+            runs.push(run.iter().map(|e| e.task).collect())
+        });
+        runs
+    }
+
+    #[test]
+    fn runs_submitted_out_of_order_merge_as_a_full_sort_of_the_requests_would() {
+        // Three layers of 40 pages, cut into runs of 1 to 9 pages, the runs shuffled: each
+        // layer comes out one run. With some pages submitted twice (overlaps), every task
+        // still comes out once, and every run holds neighbours only.
+        let layer_pages = 64;
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move |below: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % below as u64) as usize
+        };
+        for round in 0..50 {
+            let mut runs_of_pages: Vec<Vec<usize>> = Vec::new();
+            for layer in 0..3 {
+                let mut first = 0;
+                while first < 40 {
+                    let len = (1 + next(9)).min(40 - first);
+                    let base = layer * layer_pages + first;
+                    runs_of_pages.push((base..base + len).collect());
+                    first += len;
+                }
+            }
+            let repeats = round % 2 == 1;
+            if repeats {
+                for _ in 0..5 {
+                    let again = runs_of_pages[next(runs_of_pages.len())].clone();
+                    runs_of_pages.push(again);
+                }
+            }
+            for i in (1..runs_of_pages.len()).rev() {
+                runs_of_pages.swap(i, next(i + 1));
+            }
+            let extents: Vec<Extent> = runs_of_pages
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(task, &p)| page(task as u32, p))
+                .collect();
+            for max_run in [u64::MAX, 5 * PAGE as u64] {
+                let found = runs(&extents, true, max_run);
+                let mut tasks: Vec<u32> = found.iter().flatten().copied().collect();
+                tasks.sort_unstable();
+                assert_eq!(tasks, (0..extents.len() as u32).collect::<Vec<_>>());
+                for run in &found {
+                    let bytes: u64 = run.iter().map(|&t| extents[t as usize].len as u64).sum();
+                    assert!(bytes <= max_run || run.len() == 1, "{run:?}");
+                    for pair in run.windows(2) {
+                        let (a, b) = (&extents[pair[0] as usize], &extents[pair[1] as usize]);
+                        assert!(a.continues_into(b, 0, u64::MAX), "{pair:?} in {run:?}");
+                    }
+                }
+                if !repeats {
+                    assert_eq!(found, runs_of_a_full_sort(&extents, max_run));
+                    if max_run == u64::MAX {
+                        assert_eq!(found.len(), 3, "one run per layer: {found:?}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -10,7 +10,7 @@ use tern_metadata::SegmentDesc;
 use crate::batch::{Batch, BatchInner, MAX_TASK_BYTES};
 use crate::engine::{EngineInner, TransferEngine};
 use crate::error::{EngineError, TransferError};
-use crate::merge::{Extent, plan};
+use crate::merge::{Extent, PlanRoom, plan};
 use crate::transport::{PeerSegment, Routes, Slice, Submission, TaskPart};
 use crate::types::{SegmentId, TransferRequest, TransferStatus};
 
@@ -27,6 +27,8 @@ const KEEP_ROOM_FOR: usize = 4096;
 /// allocates no list: the transports drain the lists of slices they are handed.
 struct Scratch {
     extents: Vec<Extent>,
+    /// Where the planner puts requests submitted out of address order.
+    plan_room: PlanRoom,
     /// One pin and one shared record for the requests from one region to one peer.
     submissions: Vec<Arc<Submission>>,
     /// The slices for each transport (same index); a transport drains its list, and the
@@ -37,6 +39,7 @@ struct Scratch {
 impl Scratch {
     const EMPTY: Self = Self {
         extents: Vec::new(),
+        plan_room: PlanRoom::EMPTY,
         submissions: Vec::new(),
         groups: Vec::new(),
     };
@@ -128,6 +131,7 @@ impl TransferEngine {
         let mut refreshed: Vec<SegmentId> = Vec::new();
         let Scratch {
             extents,
+            plan_room,
             submissions,
             groups,
         } = scratch;
@@ -172,6 +176,7 @@ impl TransferEngine {
             extents,
             self.inner.merge_requests,
             MAX_TASK_BYTES,
+            plan_room,
             |run| match run {
                 [alone] if self.cut_alone(batch_inner, alone, submissions, groups, expected) => {}
                 _ => self.cut_run(batch_inner, run, submissions, groups, expected),
@@ -195,6 +200,7 @@ impl TransferEngine {
         if extents.capacity() > KEEP_ROOM_FOR {
             *extents = Vec::new();
         }
+        plan_room.trim(KEEP_ROOM_FOR);
         Ok(())
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::slice::Slice;
 use super::submission::Submission;
 use crate::error::TransferError;
+use crate::stats::ReportTogether;
 use crate::types::Opcode;
 
 /// How a slice ended.
@@ -61,6 +62,8 @@ impl LastOf {
         }
         let batch = submission.batch.clone();
         drop(submission);
+        // The tasks one slice was the last of ended together: one clock reading times them.
+        let _together = (self.count > 1).then(ReportTogether::begin);
         for task in self.tasks() {
             batch.complete_task(task);
         }

@@ -6,7 +6,7 @@
 use std::iter::Peekable;
 use std::vec;
 
-use tern_engine::{Opcode, Slice};
+use tern_engine::{Opcode, ReportTogether, Slice};
 use tern_memreg::shm::PeerProcess;
 
 use super::Link;
@@ -36,6 +36,8 @@ impl Link {
             .collect();
         drop(live);
         self.count(done.iter().map(|s| s.len as u64).sum(), done.len() as u64);
+        // Every copy is over: the slices ended together, and one clock reading times them.
+        let _together = ReportTogether::begin();
         done.into_iter().for_each(Slice::complete);
     }
 
@@ -57,6 +59,7 @@ impl Link {
         let rest = slices.split_off(whole);
         if whole > 0 {
             self.count(slices.iter().map(|s| s.len as u64).sum(), whole as u64);
+            let _together = ReportTogether::begin();
             slices.into_iter().for_each(Slice::complete);
         }
         rest.into_iter().zip(granted.into_iter().skip(whole))

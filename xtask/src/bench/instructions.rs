@@ -7,7 +7,8 @@ use crate::{cargo, root, run};
 /// Instructions the engine spends per request (callgrind: the difference between two batch
 /// counts, over the difference in requests), where valgrind is installed; a figure the
 /// machine's load does not move. Batch 1, and batches of 128 contiguous requests (merged
-/// into one run) and of 128 with gaps (each its own), with the transport completing slices
+/// into one run), of 128 with gaps (each its own) and of 128 contiguous ones submitted in
+/// runs of 8 out of address order (put in order, then merged), with the transport completing slices
 /// on another thread and, for the engine's bookkeeping alone, inside `submit`.
 pub(super) fn instructions_per_request() {
     let mut build = cargo();
@@ -48,6 +49,7 @@ pub(super) fn instructions_per_request() {
         (1usize, "contiguous", 20usize, 220usize),
         (128, "contiguous", 20, 120),
         (128, "gaps", 20, 120),
+        (128, "runs", 20, 120),
     ];
     println!(
         "\nEngine instructions per 64 KiB request (callgrind, with metrics / without):\n\n| batch | layout | transport completing on another thread | transport completing in submit |\n|---|---|---|---|"
