@@ -59,8 +59,8 @@ fn main() {
     let requests: Vec<TransferRequest> = (0..per_batch)
         .map(|n| {
             // Where the `n`th request submitted sits: in order, or the runs of `RUN` taken
-            // 0, 5, 10, … (5 has no factor in common with a power of two, so every run comes
-            // once when their count is one).
+            // 0, 5, 10, … (5 has no factor in common with a power of two, so when the count
+            // of runs is one, every run comes once).
             let i = if in_runs && runs.is_power_of_two() {
                 (n / RUN * 5 % runs) * RUN + n % RUN
             } else {

@@ -114,17 +114,16 @@ pub(crate) fn plan(
     let PlanRoom { heads, ordered } = room;
     heads.clear();
     let mut start = 0;
-    for i in 1..=extents.len() {
-        // The runs as submitted, uncapped: the pass below caps what it merges.
-        if i == extents.len() || !extents[i - 1].continues_into(&extents[i], 0, u64::MAX) {
-            heads.push(Head {
-                order: extents[start].order(),
-                start: start as u32,
-                end: i as u32,
-            });
-            start = i;
-        }
-    }
+    // The runs as submitted, uncapped: the pass below caps what it merges.
+    runs_in_order(extents, u64::MAX, |run| {
+        let end = start + run.len();
+        heads.push(Head {
+            order: run[0].order(),
+            start: start as u32,
+            end: end as u32,
+        });
+        start = end;
+    });
     // Orders are unique (the task breaks ties), so an unstable sort orders as a stable one.
     heads.sort_unstable_by_key(|head| head.order);
     ordered.clear();

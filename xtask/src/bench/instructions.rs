@@ -8,8 +8,9 @@ use crate::{cargo, root, run};
 /// counts, over the difference in requests), where valgrind is installed; a figure the
 /// machine's load does not move. Batch 1, and batches of 128 contiguous requests (merged
 /// into one run), of 128 with gaps (each its own) and of 128 contiguous ones submitted in
-/// runs of 8 out of address order (put in order, then merged), with the transport completing slices
-/// on another thread and, for the engine's bookkeeping alone, inside `submit`.
+/// runs of 8 out of address order (put in order, then merged), with the transport
+/// completing slices on another thread and, for the engine's bookkeeping alone, inside
+/// `submit`.
 pub(super) fn instructions_per_request() {
     let mut build = cargo();
     build.args([
