@@ -2,13 +2,13 @@
 //! Python passed: a batch of many descriptors must cost the binding no Python object per
 //! descriptor, nor a vector per argument on the way to the engine's requests.
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 use tern_engine::TransferRequest;
 
 use crate::errors::invalid;
-use crate::raw::{NotU64s, U64Buffer};
+use crate::raw::{NotU64s, U64Buffer, exact_int_at};
 
 /// One argument's integers, where they already are.
 pub(crate) enum U64s<'a, 'py> {
@@ -71,27 +71,26 @@ impl<'a, 'py> U64s<'a, 'py> {
         }
     }
 
-    /// Stores the `i`th integer into `out[i]` with `set`, for every slot of `out` (which
-    /// must not be longer than this).
+    /// The `i`th integer: read in place from a list's exact `int`s and from buffers; any
+    /// other item converted as a `u64` argument would be. Past the end (a list that shrank
+    /// while an `__index__` ran Python code) raises `IndexError`.
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> PyResult<u64> {
+        let value = match self {
+            Self::List(list) => match exact_int_at(list, i) {
+                Some(value) => Some(value),
+                None => return int_u64(&list.get_item(i)?),
+            },
+            Self::Buffer(buffer) => buffer.get(i),
+            Self::Gathered(values) => values.get(i).copied(),
+        };
+        value.ok_or_else(|| PyIndexError::new_err(format!("no integer at index {i}")))
+    }
+
+    /// Stores the `i`th integer into `out[i]` with `set`, for every slot of `out`.
     pub(crate) fn fill<T>(&self, out: &mut [T], set: impl Fn(&mut T, u64)) -> PyResult<()> {
-        match self {
-            Self::List(list) => {
-                for (i, slot) in out.iter_mut().enumerate() {
-                    // Indexed, not iterated: the list may have shrunk (an `__index__` ran
-                    // Python code), and `get_item` then fails instead of reading past it.
-                    set(slot, int_u64(&list.get_item(i)?)?);
-                }
-            }
-            Self::Buffer(buffer) => {
-                for (slot, value) in out.iter_mut().zip(buffer.values()) {
-                    set(slot, value);
-                }
-            }
-            Self::Gathered(values) => {
-                for (slot, &value) in out.iter_mut().zip(values) {
-                    set(slot, value);
-                }
-            }
+        for (i, slot) in out.iter_mut().enumerate() {
+            set(slot, self.get(i)?);
         }
         Ok(())
     }
@@ -133,9 +132,16 @@ pub(crate) fn requests(
             names[0], names[1], names[2]
         )));
     }
-    let mut requests = vec![template; n];
-    local.fill(&mut requests, |r, v| r.source = v as usize)?;
-    remote.fill(&mut requests, |r, v| r.target_offset = v)?;
-    lengths.fill(&mut requests, |r, v| r.length = v as usize)?;
+    // One pass, each request written once: a batch of many descriptors is larger than the
+    // caches, and three passes over it cost more than reading three arguments side by side.
+    let mut requests = Vec::with_capacity(n);
+    for i in 0..n {
+        requests.push(TransferRequest {
+            source: local.get(i)? as usize,
+            target_offset: remote.get(i)?,
+            length: lengths.get(i)? as usize,
+            ..template
+        });
+    }
     Ok(Ok(requests))
 }

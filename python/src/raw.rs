@@ -24,7 +24,8 @@
 //! One more kind of memory is only read, never registered: a buffer of `uint64` addresses or
 //! lengths given for a batch ([`U64Buffer`]), read in place through the buffer protocol
 //! while its export is held, so that a batch of many descriptors needs no Python integer
-//! per descriptor.
+//! per descriptor; and the items of a list of such integers, read without a reference
+//! taken on each ([`exact_int_at`]).
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -33,6 +34,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use parking_lot::Mutex;
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 use tern_engine::{EngineError, OwnedBuffer, RegionPin, RegisterRaw, TransferEngine};
 
 use crate::core::unregister_settled;
@@ -350,24 +352,25 @@ impl<'py> U64Buffer<'py> {
         self.len
     }
 
-    /// Its integers, in order.
-    pub(crate) fn values(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
+    /// Its `i`th integer; `None` past the end.
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Option<u64> {
+        if i >= self.len {
+            return None;
+        }
         let base = self.view.buf.cast::<u8>().cast_const();
-        let stride = self.stride;
-        (0..self.len).map(move |i| {
-            // SAFETY: the export is held for as long as `self` lives (the iterator borrows
-            // it), and the buffer protocol's contract is that for a one-dimensional export item
-            // `i < shape[0]` lies at `buf + i * strides[0]`, `itemsize` (8) bytes of memory the
-            // exporter may not free, move or resize while the export is held. The read is
-            // unaligned because nothing obliges an exporter to align its items. A thread
-            // running without the GIL could write the integers meanwhile, as it could write
-            // any Python buffer: the values read are then checked by the engine like any
-            // others (an address outside registered memory fails the request).
-            unsafe {
-                base.offset(i as isize * stride)
-                    .cast::<u64>()
-                    .read_unaligned()
-            }
+        // SAFETY: the export is held for as long as `self` lives, and the buffer protocol's
+        // contract is that for a one-dimensional export item `i < shape[0]` (checked above)
+        // lies at `buf + i * strides[0]`, `itemsize` (8) bytes of memory the exporter may not
+        // free, move or resize while the export is held. The read is unaligned because
+        // nothing obliges an exporter to align its items. A thread running without the GIL
+        // could write the integers meanwhile, as it could write any Python buffer: the
+        // values read are then checked by the engine like any others (an address outside
+        // registered memory fails the request).
+        Some(unsafe {
+            base.offset(i as isize * self.stride)
+                .cast::<u64>()
+                .read_unaligned()
         })
     }
 }
@@ -391,4 +394,35 @@ fn is_u64_format(format: &str) -> bool {
         _ => return false,
     };
     matches!(code, b'Q' | b'L')
+}
+
+/// The `i`th item of `list` if it is an `int` (exactly; not a subclass) from 0 to 2**63 - 1,
+/// read without taking a reference to it: `None` for anything else (past the end, another
+/// type, a value out of that range), which the caller reads the general way, raising what
+/// it must. A batch of many descriptors so writes nothing to its integers' memory.
+#[inline]
+pub(crate) fn exact_int_at(list: &Bound<'_, PyList>, i: usize) -> Option<u64> {
+    let at = ffi::Py_ssize_t::try_from(i).ok()?;
+    let list = list.as_ptr();
+    // SAFETY: `list` is a live list (the `Bound` holds a reference, on a thread attached to
+    // the interpreter). `PyList_Size` and `PyList_GetItem` with an index checked against
+    // the size set no error; the item `PyList_GetItem` returns is borrowed, owned by the
+    // list, and stays alive while nothing changes the list: from here to the return only
+    // `PyLong_CheckExact` (a type comparison) and `PyLong_AsLongAndOverflow` on an exact
+    // `int` run, and that one calls no Python code (`__index__` is called only for objects
+    // that are not `int`s: https://docs.python.org/3/c-api/long.html#c.PyLong_AsLongAndOverflow),
+    // so nothing can. With `overflow` set it reports a value out of range without setting
+    // an error; for an exact `int` it sets none otherwise.
+    unsafe {
+        if at >= ffi::PyList_Size(list) {
+            return None;
+        }
+        let item = ffi::PyList_GetItem(list, at);
+        if item.is_null() || ffi::PyLong_CheckExact(item) == 0 {
+            return None;
+        }
+        let mut overflow: c_int = 0;
+        let value = ffi::PyLong_AsLongAndOverflow(item, &mut overflow);
+        (overflow == 0 && value >= 0).then_some(value as u64)
+    }
 }

@@ -111,3 +111,51 @@ def test_the_drop_in_takes_arrays_and_lists_alike(mooncake_engine, peer, caplog)
     assert engine.batch_unregister_memory(registered) == 0
     assert engine.batch_register_memory(registered, array.array("Q", [local.nbytes])) == 0
     assert engine.unregister_memory(local.ctypes.data) == 0
+
+
+def test_list_items_that_are_not_plain_ints_convert_as_a_u64_argument_would(engine, peer):
+    """Exact ints are read in place; anything else takes the general conversion: int
+    subclasses, numpy scalars (``__index__``), values from 2**63 up; wrong ones raise, and a
+    list an ``__index__`` empties raises instead of being read past its end."""
+    local = pattern(31, peer.nbytes)
+    engine.register(local)
+    blocks = peer.nbytes // BLOCK
+    base = local.ctypes.data
+
+    class Length(int):
+        pass
+
+    # numpy scalars for the local side, an int subclass and a bool among the lengths.
+    ours = list(np.uint64(base) + np.arange(blocks, dtype=np.uint64) * np.uint64(BLOCK))
+    theirs = [peer.addr + i * BLOCK for i in range(blocks)]
+    lengths = [Length(BLOCK)] * (blocks - 1) + [BLOCK]
+    assert isinstance(ours[0], np.uint64) and not isinstance(ours[0], int)
+    engine.write_arrays(peer.session, ours, theirs, lengths)
+    assert peer.ask("sha")["sha"] == sha(local)
+    with pytest.raises(tern.InvalidArgument):
+        engine.write_arrays(peer.session, [base], [peer.addr], [False])
+
+    # From 2**63 up a value is no C long, yet a u64: an address no peer has.
+    with pytest.raises(tern.TargetOutOfRange):
+        engine.write_arrays(peer.session, [base], [2**63 + peer.addr], [BLOCK])
+    for wrong in (-1, 2**64):
+        with pytest.raises(OverflowError):
+            engine.write_arrays(peer.session, [base], [peer.addr], [wrong])
+    with pytest.raises(TypeError):
+        engine.write_arrays(peer.session, [base], [peer.addr], [float(BLOCK)])
+
+    class Emptying:
+        """An address whose conversion empties the list it is read from."""
+
+        def __init__(self, owner: list):
+            self.owner = owner
+
+        def __index__(self) -> int:
+            self.owner.clear()
+            return base
+
+    shrinking: list = [base, base]
+    shrinking[0] = Emptying(shrinking)
+    with pytest.raises(IndexError):
+        engine.write_arrays(peer.session, shrinking, [peer.addr] * 2, [BLOCK] * 2)
+    engine.write_arrays(peer.session, [base], [peer.addr], [BLOCK])  # the engine goes on
