@@ -9,7 +9,7 @@ use super::task::{
     COMPLETED, ENDED_SHIFT, FIRST_MASK, FIRST_SHIFT, MAX_TASK_BYTES, PROGRESS_SHIFT, TaskState,
     WRITE_FLAG, state_of,
 };
-use crate::stats::Tally;
+use crate::stats::{Tally, bucket_of};
 
 /// A batch's tasks, and when each submit call started its tasks: what the engine's tally
 /// reads ([`tally_tasks`]) while the batch lives, and once more when it goes.
@@ -98,9 +98,42 @@ struct Sums {
     transport: usize,
     bytes: u64,
     slices: u64,
-    /// Completed tasks alike in (write, bytes, time taken) not recorded yet, and how many.
-    alike: (bool, u64, u64),
-    alike_tasks: u64,
+    /// Completed tasks alike (see [`Alike`]) not recorded yet.
+    alike: Alike,
+}
+
+/// Completed tasks of one operation and length whose times taken fall in one latency
+/// bucket: recorded at once, where the tasks of a submit call mostly are (their times differ
+/// by the moments their slices ended, but rarely by a bucket).
+#[derive(Default)]
+struct Alike {
+    /// The length, with [`WRITE_KEY`] for a write: one comparison tells both.
+    key: u64,
+    /// The bucket, and the times it holds: `[from_ns, below_ns)` (empty before the first).
+    bucket: usize,
+    from_ns: u64,
+    below_ns: u64,
+    tasks: u64,
+    sum_ns: u64,
+}
+
+/// The bit of [`Alike::key`] that marks a write: above any task's length.
+const WRITE_KEY: u64 = 1 << 63;
+const _: () = assert!(MAX_TASK_BYTES < WRITE_KEY);
+
+impl Alike {
+    fn key(write: bool, len: u64) -> u64 {
+        if write { len | WRITE_KEY } else { len }
+    }
+
+    /// Records what it holds, and holds nothing after.
+    fn record(&mut self, tally: &mut Tally) {
+        if self.tasks > 0 {
+            let (write, len) = (self.key & WRITE_KEY != 0, self.key & !WRITE_KEY);
+            tally.took(write, len, self.bucket, self.tasks, self.sum_ns);
+        }
+        (self.tasks, self.sum_ns) = (0, 0);
+    }
 }
 
 impl Sums {
@@ -131,28 +164,28 @@ impl Sums {
             let ended = word >> ENDED_SHIFT;
             if ended != 0 && state_of(word) == COMPLETED {
                 let write = t.slices_total.load(Ordering::Relaxed) & WRITE_FLAG != 0;
-                let took = (write, total_bytes, ended.saturating_sub(started_ns));
-                // The tasks of one submit call mostly match in all three (their ends shared
-                // one clock reading): recorded together.
-                if took != self.alike {
-                    if self.alike_tasks > 0 {
-                        let (write, len, ns) = self.alike;
-                        tally.took(write, len, ns, self.alike_tasks);
-                    }
-                    (self.alike, self.alike_tasks) = (took, 0);
+                let (key, ns) = (
+                    Alike::key(write, total_bytes),
+                    ended.saturating_sub(started_ns),
+                );
+                let alike = &mut self.alike;
+                if key != alike.key || ns < alike.from_ns || ns >= alike.below_ns {
+                    alike.record(tally);
+                    let (bucket, from_ns, below_ns) = bucket_of(ns);
+                    alike.key = key;
+                    (alike.bucket, alike.from_ns, alike.below_ns) = (bucket, from_ns, below_ns);
                 }
-                self.alike_tasks += 1;
+                alike.tasks += 1;
+                // Wraps only past 584 years of tasks' time.
+                alike.sum_ns = alike.sum_ns.wrapping_add(ns);
             }
         }
     }
 
     /// Adds what is left.
-    fn flush(self, tally: &mut Tally) {
+    fn flush(mut self, tally: &mut Tally) {
         tally.moved(self.transport.wrapping_sub(1), self.bytes, self.slices);
-        if self.alike_tasks > 0 {
-            let (write, len, ns) = self.alike;
-            tally.took(write, len, ns, self.alike_tasks);
-        }
+        self.alike.record(tally);
     }
 }
 
@@ -189,5 +222,36 @@ mod tests {
             (latencies[0].sum_seconds - took_ns as f64 / 1e9).abs() < 1e-12,
             "{latencies:?}"
         );
+    }
+
+    #[test]
+    fn tasks_are_recorded_in_the_bucket_of_their_own_time_whatever_their_neighbours_took() {
+        // Ends spread over several buckets, back and forth, with a read and another length
+        // among them: the histograms come out as one record per task would make them.
+        let ended_us = [1, 2, 7, 3, 30, 31, 4, 4, 900, 2, 5, 6, 6, 6, 20_000_000];
+        let table = TaskTable::new(ended_us.len());
+        table.record_start(0, 0);
+        let mut expected = Tally::default();
+        for (i, (t, &us)) in table.iter().zip(&ended_us).enumerate() {
+            let (write, len) = (i % 5 != 3, if i % 7 == 6 { 8192 } else { 4096 });
+            let ended_ns = us * 1_000 + i as u64;
+            t.state.store(
+                u64::from(COMPLETED) | SETTLED | (1 << FIRST_SHIFT) | (ended_ns << ENDED_SHIFT),
+                Ordering::SeqCst,
+            );
+            t.slices_total
+                .store(1 | if write { WRITE_FLAG } else { 0 }, Ordering::SeqCst);
+            t.progress
+                .store((1 << PROGRESS_SHIFT) | len, Ordering::SeqCst);
+            let (bucket, _, _) = bucket_of(ended_ns);
+            expected.took(write, len, bucket, 1, ended_ns);
+        }
+        let mut tally = Tally::default();
+        tally_tasks(&table, &mut tally);
+        let (got, want) = (tally.latencies(), expected.latencies());
+        assert_eq!(format!("{got:?}"), format!("{want:?}"));
+        let counted: u64 = got.iter().map(|l| l.count).sum();
+        assert_eq!(counted, ended_us.len() as u64);
+        assert!(got.len() >= 3, "reads, writes, two lengths: {got:?}");
     }
 }

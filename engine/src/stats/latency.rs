@@ -29,29 +29,74 @@ pub(super) struct Histogram {
     pub(super) sum_ns: u64,
 }
 
+/// The first latency, in ns, above each bucket's bound: the first whose whole µs is above it.
+const ABOVE_NS: [u64; LATENCY_BUCKETS_US.len()] = {
+    let mut above = [0; LATENCY_BUCKETS_US.len()];
+    let mut i = 0;
+    while i < above.len() {
+        above[i] = (LATENCY_BUCKETS_US[i] + 1) * 1_000;
+        i += 1;
+    }
+    above
+};
+
+/// The bucket a latency of `ns` falls in (the first bound not below its whole µs; past the
+/// last, the overflow), and the latencies that bucket holds, `[from, below)` in ns: a run of
+/// tasks that took alike is told by two comparisons, not a search each.
+pub(crate) fn bucket_of(ns: u64) -> (usize, u64, u64) {
+    let bucket = ABOVE_NS.partition_point(|&above| above <= ns);
+    let from = bucket.checked_sub(1).map_or(0, |below| ABOVE_NS[below]);
+    let below = ABOVE_NS.get(bucket).copied().unwrap_or(u64::MAX);
+    (bucket, from, below)
+}
+
 impl Histogram {
     /// `tasks` tasks took `ns` each.
+    #[cfg(test)]
     pub(super) fn record(&mut self, ns: u64, tasks: u64) {
-        // The first bound not below the whole µs of `ns` (the bounds ascend) — the first
-        // whose next µs starts above `ns`; past the last, the overflow.
-        const ABOVE_NS: [u64; LATENCY_BUCKETS_US.len()] = {
-            let mut above = [0; LATENCY_BUCKETS_US.len()];
-            let mut i = 0;
-            while i < above.len() {
-                above[i] = (LATENCY_BUCKETS_US[i] + 1) * 1_000;
-                i += 1;
-            }
-            above
-        };
-        let bucket = ABOVE_NS.partition_point(|&above| above <= ns);
-        self.buckets[bucket] += tasks;
-        self.sum_ns += ns * tasks;
+        let (bucket, _, _) = bucket_of(ns);
+        self.add(bucket, tasks, ns.saturating_mul(tasks));
+    }
+
+    /// `tasks` tasks in `bucket` (as [`bucket_of`] finds it), which took `sum_ns` together.
+    pub(super) fn add(&mut self, bucket: usize, tasks: u64, sum_ns: u64) {
+        if let Some(count) = self.buckets.get_mut(bucket) {
+            *count += tasks;
+            self.sum_ns = self.sum_ns.saturating_add(sum_ns);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bucket_holds_exactly_the_latencies_it_says() {
+        for ns in [
+            0,
+            4_999,
+            5_999,
+            6_000,
+            10_999,
+            11_000,
+            10_000_000_999,
+            10_000_001_000,
+        ] {
+            let (bucket, from, below) = bucket_of(ns);
+            assert!(from <= ns && ns < below, "{ns} in [{from}, {below})");
+            assert_eq!(
+                bucket_of(from).0,
+                bucket,
+                "{from}, the first of {ns}'s bucket"
+            );
+            assert_eq!(bucket_of(below - 1).0, bucket, "{}, its last", below - 1);
+            if below != u64::MAX {
+                assert_eq!(bucket_of(below).0, bucket + 1, "{below}, past it");
+            }
+        }
+        assert_eq!(bucket_of(u64::MAX - 1).0, LATENCY_BUCKETS_US.len());
+    }
 
     #[test]
     fn latency_buckets_take_the_first_bound_not_below() {

@@ -40,6 +40,7 @@ pub use clock::ReportTogether;
 pub(crate) use clock::{clock_ns, completion_ns, epoch};
 pub use counters::{LocalCounter, MovedCounter, SharedMovedCounter};
 pub(crate) use engine_counters::EngineCounters;
+pub(crate) use latency::bucket_of;
 pub use latency::{LATENCY_BUCKETS_US, SIZE_CLASSES};
 pub use prometheus::PROMETHEUS_CONTENT_TYPE;
 pub use report::{

@@ -24,9 +24,10 @@ impl Tally {
         }
     }
 
-    /// `tasks` tasks of `len` bytes each took `ns` to complete.
-    pub(crate) fn took(&mut self, write: bool, len: u64, ns: u64, tasks: u64) {
-        self.latency[usize::from(write)][size_class(len as usize)].record(ns, tasks);
+    /// `tasks` tasks of `len` bytes each took `sum_ns` together to complete, each a time
+    /// in latency bucket `bucket` ([`bucket_of`](super::latency::bucket_of)).
+    pub(crate) fn took(&mut self, write: bool, len: u64, bucket: usize, tasks: u64, sum_ns: u64) {
+        self.latency[usize::from(write)][size_class(len as usize)].add(bucket, tasks, sum_ns);
     }
 
     /// The latency histograms with something in them.
