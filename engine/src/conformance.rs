@@ -270,53 +270,75 @@ pub fn bad_requests(make: EngineFactory<'_>) -> Check {
         TransferRequest::write(local.addr(), peer, remote_addr, 0),
         TransferRequest::write(unregistered.as_ptr() as usize, peer, remote_addr, 16),
         TransferRequest::write(local.addr() + (1 << 16) - 8, peer, remote_addr, 16),
+        TransferRequest::write(local.addr() - 8, peer, remote_addr, 16),
         TransferRequest::write(local.addr(), peer, remote_addr + (1 << 16) - 8, 16),
+        TransferRequest::write(local.addr(), peer, remote_addr - 8, 16),
         TransferRequest::read(local.addr(), peer, u64::MAX - 4, 16),
         TransferRequest::read(local.addr(), SegmentId(u64::MAX), remote_addr, 16),
         TransferRequest::write(local.addr(), peer, remote_addr, 4096),
     ];
+    // Twice: as listed (each bad request checked in full), then each after the valid one,
+    // so that it meets the way the one before went (the check's shortcut).
+    let (bad, valid) = requests.split_at(requests.len() - 1);
+    let valid = valid[0];
+    let after_valid: Vec<TransferRequest> = bad.iter().flat_map(|&bad| [valid, bad]).collect();
+    let capacity = requests.len() + after_valid.len();
     let batch = initiator
-        .allocate_batch(requests.len())
+        .allocate_batch(capacity)
         .map_err(err("allocate_batch"))?;
     ensure!(
         matches!(
-            initiator.submit(&batch, &[requests[6]; 8]),
+            initiator.submit(&batch, &vec![valid; capacity + 1]),
             Err(EngineError::TooManyRequests { .. })
         ),
         "over-capacity submit was accepted"
     );
     initiator.submit(&batch, &requests).map_err(err("submit"))?;
+    initiator
+        .submit(&batch, &after_valid)
+        .map_err(err("submit"))?;
     let status = batch.wait(Duration::from_secs(60));
     ensure!(
-        status.failed == 6 && status.completed == 1,
+        status.failed == 2 * bad.len() && status.completed == 1 + bad.len(),
         "batch ended {status:?}"
     );
     type IsReason = fn(&TransferError) -> bool;
     let source_not_registered: IsReason =
         |e| matches!(e, TransferError::SourceNotRegistered { .. });
     let target_out_of_range: IsReason = |e| matches!(e, TransferError::TargetOutOfRange { .. });
-    let failed_as: [(&str, IsReason); 6] = [
+    let failed_as: [(&str, IsReason); 8] = [
         ("zero length", |e| *e == TransferError::ZeroLength),
         ("unregistered source", source_not_registered),
         ("source past its region", source_not_registered),
+        ("source before its region", source_not_registered),
         ("target past its buffer", target_out_of_range),
+        ("target before its buffer", target_out_of_range),
         ("target at the end of memory", target_out_of_range),
         ("unknown segment", |e| {
             matches!(e, TransferError::UnknownSegment(_))
         }),
     ];
-    for (task, (what, wanted)) in failed_as.into_iter().enumerate() {
+    // The bad ones as listed, then the valid one; then, in pairs, the valid one and a bad one.
+    let n = bad.len();
+    let valid_tasks = std::iter::once(n).chain((0..n).map(|i| n + 1 + 2 * i));
+    let bad_tasks = (0..n)
+        .map(|i| (i, i))
+        .chain((0..n).map(|i| (n + 2 + 2 * i, i)));
+    for (task, i) in bad_tasks {
+        let (what, wanted) = failed_as[i];
         let status = batch.task_status(task).map(|s| s.status);
         ensure!(
             matches!(&status, Some(TransferStatus::Failed(e)) if wanted(e)),
             "task {task} ({what}): {status:?}"
         );
     }
-    let status = batch.task_status(6).map(|s| s.status);
-    ensure!(
-        status == Some(TransferStatus::Completed),
-        "valid request: {status:?}"
-    );
+    for task in valid_tasks {
+        let status = batch.task_status(task).map(|s| s.status);
+        ensure!(
+            status == Some(TransferStatus::Completed),
+            "valid request (task {task}): {status:?}"
+        );
+    }
     Ok(())
 }
 

@@ -139,19 +139,22 @@ impl TransferEngine {
             submissions,
             buffer: 0,
         };
+        // Where the request before went, in locals: the next is most likely to go there too.
+        let mut lane: Option<Lane> = None;
         extents.reserve(requests.len());
         for (i, request) in requests.iter().enumerate() {
             let task = first + i;
+            if let Some(extent) = lane.as_ref().and_then(|lane| lane.extent(request, task)) {
+                extents.push(extent);
+                continue;
+            }
             if cached
                 .as_ref()
                 .is_none_or(|(peer, _)| peer.id != request.target)
             {
                 cached = self.inner.peer_with_routes(request.target);
             }
-            let mut checked = match as_before(request, task, cached.as_ref(), &recent) {
-                Some(extent) => Ok(extent),
-                None => self.check(batch_inner, task, request, cached.as_ref(), &mut recent),
-            };
+            let mut checked = self.check(batch_inner, task, request, cached.as_ref(), &mut recent);
             if let Err(TransferError::TargetOutOfRange { .. }) = checked
                 && request.target != SegmentId::LOCAL
                 && !refreshed.contains(&request.target)
@@ -159,13 +162,22 @@ impl TransferEngine {
                 // The cached descriptor may predate the peer's latest registration: re-fetch it
                 // once per submit (only on this error path) before failing the task.
                 refreshed.push(request.target);
+                // Later requests to the peer are checked against the descriptor fetched now.
+                lane = None;
                 if self.refresh_segment(request.target).is_ok() {
                     cached = self.inner.peer_with_routes(request.target);
                     checked = self.check(batch_inner, task, request, cached.as_ref(), &mut recent);
                 }
             }
             match checked {
-                Ok(extent) => extents.push(extent),
+                Ok(extent) => {
+                    if i + 1 < requests.len() {
+                        lane = cached
+                            .as_ref()
+                            .and_then(|(peer, _)| Lane::of(&extent, peer, &recent));
+                    }
+                    extents.push(extent);
+                }
                 Err(error) => batch_inner.fail_unstarted(task, error),
             }
         }
@@ -206,8 +218,8 @@ impl TransferEngine {
 
     /// Checks one request and finds (or makes) the submission it goes with: the planner's
     /// view of it, or why it fails as a task of its own. Apart from the loop that calls it,
-    /// which tries [`as_before`] first: only the first request to a buffer or from a region,
-    /// and every request that fails, come here.
+    /// which tries the [`Lane`] of the request before first: only the first request to a
+    /// buffer or from a region, and every request that fails, come here.
     #[inline(never)]
     fn check(
         &self,
@@ -562,33 +574,67 @@ fn checked_extent(
     }
 }
 
-/// A request going where the one before went (into the peer's buffer it went to, from the
-/// region of the call's last submission), checked in a few comparisons: its extent, or
-/// `None` for the full [`check`](TransferEngine::check).
-#[inline]
-fn as_before(
-    request: &TransferRequest,
-    task: usize,
-    peer: Option<&(Arc<PeerSegment>, Routes)>,
-    recent: &Recent<'_>,
-) -> Option<Extent> {
-    let (peer, routes) = peer?;
-    let len = request.length;
-    let buffer = peer.desc.buffers.get(recent.buffer)?;
-    let submission = recent.submissions.last()?;
-    let fits = len != 0
-        && len as u64 <= MAX_TASK_BYTES
-        && routes.first().is_some()
-        && buffer.contains(request.target_offset, len as u64)
-        && submission.serves(peer, request.source, len);
-    fits.then(|| {
-        checked_extent(
-            peer,
-            request,
-            submission,
-            buffer.addr,
-            task,
-            recent.submissions.len() - 1,
-        )
-    })
+/// Where a checked request went (the peer, by its ID and the very descriptor it was
+/// checked against; the peer's buffer; the submission's pinned region), kept as plain
+/// numbers: a request going the same way is checked in a few comparisons, without reaching
+/// through the peer's descriptor and the submission's pin again. Only the first request to
+/// a buffer or from a region takes the full [`check`](TransferEngine::check).
+struct Lane {
+    target: SegmentId,
+    peer: usize,
+    /// The peer's buffer, `[remote_start, remote_end)`.
+    remote_start: u64,
+    remote_end: u64,
+    /// The submission's region, `[local_start, local_end)`.
+    local_start: usize,
+    local_end: usize,
+    submission: u32,
+}
+
+impl Lane {
+    /// The lane of `extent`, just checked against `peer` (which has a route): `None` where
+    /// its buffer's end does not fit in 64 bits (no request can go there).
+    fn of(extent: &Extent, peer: &Arc<PeerSegment>, recent: &Recent<'_>) -> Option<Self> {
+        let buffer = peer.desc.buffers.get(recent.buffer)?;
+        let (local_start, local_len) = recent.submissions.get(extent.submission as usize)?.region();
+        Some(Self {
+            target: peer.id,
+            peer: extent.peer,
+            remote_start: buffer.addr,
+            remote_end: buffer.addr.checked_add(buffer.length)?,
+            local_start,
+            local_end: local_start.checked_add(local_len)?,
+            submission: extent.submission,
+        })
+    }
+
+    /// `request`, task `task`, checked: its extent if it goes this way (to this peer, into
+    /// this buffer, from this region, with a length the full check would take).
+    #[inline]
+    fn extent(&self, request: &TransferRequest, task: usize) -> Option<Extent> {
+        let len = request.length;
+        let fits = request.target == self.target
+            && len != 0
+            && len as u64 <= MAX_TASK_BYTES
+            && request.target_offset >= self.remote_start
+            && request.target_offset <= self.remote_end
+            && self.remote_end - request.target_offset >= len as u64
+            && request.source >= self.local_start
+            && request.source <= self.local_end
+            && self.local_end - request.source >= len;
+        if !fits {
+            return None;
+        }
+        Some(Extent {
+            peer: self.peer,
+            opcode: request.opcode,
+            local: request.source,
+            remote: request.target_offset,
+            len,
+            local_region: self.local_start,
+            remote_buffer: self.remote_start,
+            task: task as u32,
+            submission: self.submission,
+        })
+    }
 }

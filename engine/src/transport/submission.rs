@@ -70,6 +70,12 @@ impl Submission {
         &self.peer
     }
 
+    /// The pinned region's start and length.
+    pub(crate) fn region(&self) -> (usize, usize) {
+        let info = self.local.info();
+        (info.addr, info.len)
+    }
+
     /// Start of the pinned region.
     pub(crate) fn region_start(&self) -> usize {
         self.local.info().addr
