@@ -1,4 +1,4 @@
-//! Runs `BATCHES` batches of 128 requests of 64 KiB (one slice each) through the engine with
+//! Runs `BATCHES` batches of 128 requests of 64 KiB (one slice each; 16 KiB for `pages`) through the engine with
 //! a transport that moves no bytes, and nothing else: run under `valgrind --tool=callgrind`
 //! at two batch counts, the difference in instructions divided by the difference in
 //! requests is the engine's instruction cost per request — a figure that, unlike time, does
@@ -11,7 +11,8 @@
 //! - `contiguous` requests are neighbours both locally and remotely, so the engine merges
 //!   them into one run; `gaps` leaves 4 KiB between them, so each moves on its own; `runs`
 //!   submits contiguous requests in runs of 8 out of address order (runs 0, 5, 10, …, as
-//!   a serving stack hands over a layer's pages), which the engine puts in order and merges.
+//!   a serving stack hands over a layer's pages), which the engine puts in order and merges;
+//!   `pages` does the same with 16 KiB requests, four to a slice (a KV cache's pages).
 //! - `threaded` completes slices on another thread, as real transports do; `instant`
 //!   completes them inside `submit`, which leaves the engine's bookkeeping alone.
 
@@ -24,6 +25,8 @@ mod threaded;
 use threaded::ThreadedTransport;
 
 const LEN: usize = 64 << 10;
+/// A request of the `pages` layout: a KV cache's page, a quarter of a slice.
+const PAGE: usize = 16 << 10;
 const MAX_PER_BATCH: usize = 128;
 /// Requests in a run of the `runs` layout.
 const RUN: usize = 8;
@@ -36,11 +39,12 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(MAX_PER_BATCH)
         .clamp(1, MAX_PER_BATCH);
-    let (gap, in_runs) = match args.get(2).map(String::as_str) {
-        None | Some("contiguous") => (0, false),
-        Some("gaps") => (4 << 10, false),
-        Some("runs") => (0, true),
-        Some(other) => panic!("layout {other}: contiguous, gaps or runs"),
+    let (len, gap, in_runs) = match args.get(2).map(String::as_str) {
+        None | Some("contiguous") => (LEN, 0, false),
+        Some("gaps") => (LEN, 4 << 10, false),
+        Some("runs") => (LEN, 0, true),
+        Some("pages") => (PAGE, 0, true),
+        Some(other) => panic!("layout {other}: contiguous, gaps, runs or pages"),
     };
     let transport = match args.get(3).map(String::as_str) {
         None | Some("threaded") => ThreadedTransport::new(LEN),
@@ -52,7 +56,7 @@ fn main() {
         .transport(transport)
         .build()
         .expect("engine");
-    let stride = LEN + gap;
+    let stride = len + gap;
     let half = MAX_PER_BATCH * stride;
     let buffer = engine.allocate(2 * half, "cpu:0").expect("buffer");
     let runs = per_batch.div_ceil(RUN);
@@ -70,7 +74,7 @@ fn main() {
                 buffer.addr() + i * stride,
                 SegmentId::LOCAL,
                 (buffer.addr() + half + i * stride) as u64,
-                LEN,
+                len,
             )
         })
         .collect();

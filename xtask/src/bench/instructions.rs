@@ -8,7 +8,8 @@ use crate::{cargo, root, run};
 /// counts, over the difference in requests), where valgrind is installed; a figure the
 /// machine's load does not move. Batch 1, and batches of 128 contiguous requests (merged
 /// into one run), of 128 with gaps (each its own) and of 128 contiguous ones submitted in
-/// runs of 8 out of address order (put in order, then merged), with the transport
+/// runs of 8 out of address order (put in order, then merged), and of 128 16 KiB pages so
+/// submitted (four to a slice), with the transport
 /// completing slices on another thread and, for the engine's bookkeeping alone, inside
 /// `submit`.
 pub(super) fn instructions_per_request() {
@@ -51,9 +52,10 @@ pub(super) fn instructions_per_request() {
         (128, "contiguous", 20, 120),
         (128, "gaps", 20, 120),
         (128, "runs", 20, 120),
+        (128, "pages", 20, 120),
     ];
     println!(
-        "\nEngine instructions per 64 KiB request (callgrind, with metrics / without):\n\n| batch | layout | transport completing on another thread | transport completing in submit |\n|---|---|---|---|"
+        "\nEngine instructions per request, 64 KiB (`pages`: 16 KiB) (callgrind, with metrics / without):\n\n| batch | layout | transport completing on another thread | transport completing in submit |\n|---|---|---|---|"
     );
     for (per_batch, layout, short, long) in cases {
         let per_request = |transport: &str, metrics: &str| {
