@@ -567,7 +567,7 @@ fn checked_extent(
         local: request.source,
         remote: request.target_offset,
         len: request.length,
-        local_region: submission.region_start(),
+        local_region: submission.region().0,
         remote_buffer,
         task: task as u32,
         submission: index as u32,

@@ -76,11 +76,6 @@ impl Submission {
         (info.addr, info.len)
     }
 
-    /// Start of the pinned region.
-    pub(crate) fn region_start(&self) -> usize {
-        self.local.info().addr
-    }
-
     /// The transport that carries this submission's slices first.
     pub(crate) fn first_route(&self) -> Option<usize> {
         self.routes.first()
