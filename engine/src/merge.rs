@@ -41,16 +41,21 @@ impl Extent {
         )
     }
 
-    /// Whether `next` continues a run that ends with `self` and is `run_len` bytes long,
-    /// without making it longer than `max_run`.
-    fn continues_into(&self, next: &Extent, run_len: u64, max_run: u64) -> bool {
+    /// Whether `next` starts where `self` ends, on both sides, going the same way: the two
+    /// can move as one range.
+    fn neighbours(&self, next: &Extent) -> bool {
         self.peer == next.peer
             && self.opcode == next.opcode
             && self.local_region == next.local_region
             && self.remote_buffer == next.remote_buffer
             && self.local.checked_add(self.len) == Some(next.local)
             && self.remote.checked_add(self.len as u64) == Some(next.remote)
-            && run_len.saturating_add(next.len as u64) <= max_run
+    }
+
+    /// Whether `next` continues a run that ends with `self` and is `run_len` bytes long,
+    /// without making it longer than `max_run`.
+    fn continues_into(&self, next: &Extent, run_len: u64, max_run: u64) -> bool {
+        self.neighbours(next) && run_len.saturating_add(next.len as u64) <= max_run
     }
 }
 
@@ -78,11 +83,9 @@ impl PlanRoom {
     }
 }
 
-/// A run of neighbours in submission order: where its requests sit among the extents, and
-/// its first request's place in the address order.
+/// A run of neighbours in submission order: where its requests sit among the extents.
 #[derive(Debug, Clone, Copy)]
 struct Head {
-    order: (usize, bool, usize, u32),
     start: u32,
     end: u32,
 }
@@ -90,11 +93,12 @@ struct Head {
 /// Hands `each_run` the runs of `extents`: neighbours (same peer and opcode, contiguous both
 /// locally and remotely, in one local region and one remote buffer) together, at most
 /// `max_run` bytes each. With `merge` off, each request is a run of its own, in submission
-/// order. With it on, neighbours submitted in any order meet: requests already in address
-/// order (the common case) cost one pass; others are first gathered into the runs they make
-/// as submitted (pages submitted a few consecutive ones at a time, as serving stacks do), and
-/// those runs — not each request — are put in address order, so a submit of `n` requests in
-/// `r` such runs sorts `r` entries, not `n`.
+/// order. With it on, neighbours submitted in any order meet: the requests are first
+/// gathered into the runs they make as submitted (pages submitted a few consecutive ones at
+/// a time, as serving stacks do), in one pass that also tells whether they came in address
+/// order (the common case, handed on as they are); otherwise those runs — not each request —
+/// are put in address order, so a submit of `n` requests in `r` such runs sorts `r`
+/// entries, not `n`.
 pub(crate) fn plan(
     extents: &[Extent],
     merge: bool,
@@ -108,35 +112,77 @@ pub(crate) fn plan(
         }
         return;
     }
-    if extents.is_sorted_by_key(Extent::order) {
-        return runs_in_order(extents, max_run, each_run);
-    }
     let PlanRoom { heads, ordered } = room;
     heads.clear();
+    // Inside a run of neighbours the order ascends (each starts where the one before ends,
+    // and a checked request is never empty): the requests are in address order when each
+    // run's first comes after the run before's last.
+    let mut in_order = true;
     let mut start = 0;
-    // The runs as submitted, uncapped: the pass below caps what it merges.
-    runs_in_order(extents, u64::MAX, |run| {
-        let end = start + run.len();
-        heads.push(Head {
-            order: run[0].order(),
-            start: start as u32,
-            end: end as u32,
-        });
-        start = end;
+    for (i, pair) in extents.windows(2).enumerate() {
+        if !pair[0].neighbours(&pair[1]) {
+            in_order &= pair[0].order() < pair[1].order();
+            heads.push(Head {
+                start: start as u32,
+                end: i as u32 + 1,
+            });
+            start = i + 1;
+        }
+    }
+    heads.push(Head {
+        start: start as u32,
+        end: extents.len() as u32,
     });
+    let run_of = |head: &Head| &extents[head.start as usize..head.end as usize];
+    if in_order {
+        for head in heads.iter() {
+            capped(run_of(head), max_run, &mut each_run);
+        }
+        return;
+    }
     // Orders are unique (the task breaks ties), so an unstable sort orders as a stable one.
-    heads.sort_unstable_by_key(|head| head.order);
+    heads.sort_unstable_by_key(|head| extents[head.start as usize].order());
     ordered.clear();
     ordered.reserve(extents.len());
+    let mut run_start = 0;
     for head in heads.iter() {
-        ordered.extend_from_slice(&extents[head.start as usize..head.end as usize]);
+        let run = run_of(head);
+        // In address order, a run may now continue the one put before it.
+        if let (Some(before), Some(first)) = (ordered.last(), run.first())
+            && !before.neighbours(first)
+        {
+            capped(&ordered[run_start..], max_run, &mut each_run);
+            run_start = ordered.len();
+        }
+        ordered.extend_from_slice(run);
     }
-    runs_in_order(ordered, max_run, each_run);
+    capped(&ordered[run_start..], max_run, &mut each_run);
+}
+
+/// Hands `each_run` a run of neighbours, cut where it would pass `max_run` bytes (a request
+/// longer than that on its own goes alone).
+#[inline(always)]
+fn capped(run: &[Extent], max_run: u64, each_run: &mut impl FnMut(&[Extent])) {
+    match run {
+        [] => {}
+        [_] => each_run(run),
+        // Neighbours are contiguous: the run ends where its last request does.
+        [first, .., last]
+            if last
+                .local
+                .saturating_add(last.len)
+                .saturating_sub(first.local) as u64
+                <= max_run =>
+        {
+            each_run(run)
+        }
+        _ => runs_in_order(run, max_run, each_run),
+    }
 }
 
 /// Hands `each_run` the runs of `extents`, taken in the order they are: neighbours meet only
 /// where they sit side by side.
-fn runs_in_order(extents: &[Extent], max_run: u64, mut each_run: impl FnMut(&[Extent])) {
+fn runs_in_order(extents: &[Extent], max_run: u64, each_run: &mut impl FnMut(&[Extent])) {
     let mut start = 0;
     let mut run_len = 0u64;
     for i in 0..extents.len() {
@@ -294,7 +340,7 @@ mod tests {
         let mut sorted = extents.to_vec();
         sorted.sort_by_key(Extent::order);
         let mut runs = Vec::new();
-        runs_in_order(&sorted, max_run, |run| {
+        runs_in_order(&sorted, max_run, &mut |run: &[Extent]| {
             runs.push(run.iter().map(|e| e.task).collect())
         });
         runs
