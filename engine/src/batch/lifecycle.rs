@@ -222,10 +222,10 @@ impl BatchInner {
         }
     }
 
-    /// The last slice of `task` let go: completes it if nothing ended it before, else shows
-    /// the state it ended in.
+    /// The last slice of `task` let go: completes it if nothing ended it before (true: the
+    /// caller then counts it [`finished`](Self::finished)), else shows the state it ended in.
     #[inline]
-    fn last_released(&self, task: usize, ended_ns: u64) {
+    fn last_released(&self, task: usize, ended_ns: u64) -> bool {
         let t = &self.tasks[task];
         let current = t.state.load(Ordering::SeqCst);
         if matches!(state_of(current), PENDING | WAITING) {
@@ -237,11 +237,11 @@ impl BatchInner {
                 .compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
             {
-                self.finished();
-                return;
+                return true;
             }
         }
         self.settle(task);
+        false
     }
 
     /// Marks an ended task settled, once (whoever sees it both ended and released first).
@@ -270,7 +270,14 @@ impl BatchInner {
     /// One task more has finished (and shows so).
     #[inline]
     fn finished(&self) {
-        if self.unfinished.fetch_sub(1, Ordering::SeqCst) == 1 {
+        self.finished_many(1);
+    }
+
+    /// `count` tasks more have finished (and show so): one write to the count every
+    /// finisher shares, whichever thread it runs on, for the tasks one slice ended.
+    #[inline]
+    fn finished_many(&self, count: usize) {
+        if count > 0 && self.unfinished.fetch_sub(count, Ordering::SeqCst) == count {
             self.went_idle();
         }
     }
@@ -357,14 +364,32 @@ impl BatchInner {
 
     /// The last slice of `task` let go: moves it to Completed (if nothing ended it before,
     /// timed by this thread's completion clock when metrics are on), else shows how it ended.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn complete_task(&self, task: usize) {
-        let ended = if self.timer.is_some() {
+        if self.last_released(task, self.ended_ns()) {
+            self.finished();
+        }
+    }
+
+    /// As [`complete_task`](Self::complete_task) for each of `tasks`, which ended together
+    /// (the last slice of each was one slice): one clock reading times them, and the
+    /// batch's count of unfinished tasks goes down once for all, after the last.
+    pub(crate) fn complete_tasks(&self, tasks: impl Iterator<Item = usize>) {
+        let ended = self.ended_ns();
+        let completed = tasks
+            .filter(|&task| self.last_released(task, ended))
+            .count();
+        self.finished_many(completed);
+    }
+
+    /// When a task completing now ends, for its timing (metrics on; else 0, untimed).
+    #[inline]
+    fn ended_ns(&self) -> u64 {
+        if self.timer.is_some() {
             completion_ns().max(1)
         } else {
             0
-        };
-        self.last_released(task, ended);
+        }
     }
 
     /// Whether a slice of `task` should still run: the task is pending. (A task past its

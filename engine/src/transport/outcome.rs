@@ -6,7 +6,6 @@ use std::sync::Arc;
 use super::slice::Slice;
 use super::submission::Submission;
 use crate::error::TransferError;
-use crate::stats::ReportTogether;
 use crate::types::Opcode;
 
 /// How a slice ended.
@@ -62,11 +61,7 @@ impl LastOf {
         }
         let batch = submission.batch.clone();
         drop(submission);
-        // The tasks one slice was the last of ended together: one clock reading times them.
-        let _together = (self.count > 1).then(ReportTogether::begin);
-        for task in self.tasks() {
-            batch.complete_task(task);
-        }
+        batch.complete_tasks(self.tasks());
     }
 }
 
