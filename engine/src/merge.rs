@@ -77,7 +77,7 @@ impl PlanRoom {
 
     /// Lets go of room past `keep` entries (a batch of many thousand requests made it).
     pub(crate) fn trim(&mut self, keep: usize) {
-        if self.ordered.capacity() > keep {
+        if self.ordered.capacity() > keep || self.heads.capacity() > keep {
             *self = Self::default();
         }
     }
