@@ -6,13 +6,15 @@
 //! `TERN_WAIT_SPIN_US=0`, so waits sleep instead of spinning a varying number of times);
 //! `TERN_METRICS=0` shows what the engine's counting and timing cost.
 //!
-//! `slice_cost BATCHES [PER_BATCH] [contiguous|gaps] [threaded|instant]`:
+//! `slice_cost BATCHES [PER_BATCH] [contiguous|gaps|runs|pages|long] [threaded|instant]`:
 //! - `PER_BATCH`: requests per batch, 128 by default, 1 for the cost of a lone request.
 //! - `contiguous` requests are neighbours both locally and remotely, so the engine merges
 //!   them into one run; `gaps` leaves 4 KiB between them, so each moves on its own; `runs`
 //!   submits contiguous requests in runs of 8 out of address order (runs 0, 5, 10, …, as
 //!   a serving stack hands over a layer's pages), which the engine puts in order and merges;
-//!   `pages` does the same with 16 KiB requests, four to a slice (a KV cache's pages).
+//!   `pages` does the same with 16 KiB requests, four to a slice (a KV cache's pages);
+//!   `long` submits contiguous 16 KiB pages to a transport of 1 MiB slices, as the
+//!   same-host transport cuts them: 64 pages to a slice.
 //! - `threaded` completes slices on another thread, as real transports do; `instant`
 //!   completes them inside `submit`, which leaves the engine's bookkeeping alone.
 
@@ -28,6 +30,8 @@ const LEN: usize = 64 << 10;
 /// A request of the `pages` layout: a KV cache's page, a quarter of a slice.
 const PAGE: usize = 16 << 10;
 const MAX_PER_BATCH: usize = 128;
+/// The transport's slice in the `long` layout: the same-host transport's.
+const LONG_SLICE: usize = 1 << 20;
 /// Requests in a run of the `runs` layout.
 const RUN: usize = 8;
 
@@ -39,16 +43,17 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(MAX_PER_BATCH)
         .clamp(1, MAX_PER_BATCH);
-    let (len, gap, in_runs) = match args.get(2).map(String::as_str) {
-        None | Some("contiguous") => (LEN, 0, false),
-        Some("gaps") => (LEN, 4 << 10, false),
-        Some("runs") => (LEN, 0, true),
-        Some("pages") => (PAGE, 0, true),
-        Some(other) => panic!("layout {other}: contiguous, gaps, runs or pages"),
+    let (len, gap, in_runs, slice) = match args.get(2).map(String::as_str) {
+        None | Some("contiguous") => (LEN, 0, false, LEN),
+        Some("gaps") => (LEN, 4 << 10, false, LEN),
+        Some("runs") => (LEN, 0, true, LEN),
+        Some("pages") => (PAGE, 0, true, LEN),
+        Some("long") => (PAGE, 0, false, LONG_SLICE),
+        Some(other) => panic!("layout {other}: contiguous, gaps, runs, pages or long"),
     };
     let transport = match args.get(3).map(String::as_str) {
-        None | Some("threaded") => ThreadedTransport::new(LEN),
-        Some("instant") => ThreadedTransport::instant(LEN),
+        None | Some("threaded") => ThreadedTransport::new(slice),
+        Some("instant") => ThreadedTransport::instant(slice),
         Some(other) => panic!("transport {other}: threaded or instant"),
     };
     let engine = TransferEngine::builder()

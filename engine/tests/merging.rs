@@ -381,3 +381,28 @@ fn a_run_of_requests_that_start_where_slices_do_fails_only_the_task_of_a_failed_
         );
     }
 }
+
+#[test]
+fn a_slice_that_ends_many_tasks_completes_every_one_of_them_once() {
+    // One 4 KiB slice holding bytes of 40, then of 100 tasks: more than a slice keeps on the
+    // stack, and more than its first spill makes room for.
+    for tasks in [40, 100] {
+        let len = 4000 / tasks;
+        let (engine, transport, batch, _buffer, _requests) = held_run(tasks, len);
+        let slices = transport.take();
+        assert_eq!(
+            slices.len(),
+            1,
+            "{tasks} requests of {len} bytes are one slice"
+        );
+        for slice in slices {
+            slice.complete();
+        }
+        let status = batch.wait(Duration::from_secs(10));
+        assert_eq!(status.completed, tasks);
+        assert_eq!(status.transferred_bytes, (tasks * len) as u64);
+        engine
+            .free_batch(&batch)
+            .expect("no task left unfinished, none counted twice");
+    }
+}

@@ -31,6 +31,10 @@ struct LastOf {
     more: Vec<u32>,
 }
 
+/// Room the list past [`LastOf::few`] takes at once: with them, the 64 pages of 16 KiB a
+/// same-host slice of 1 MiB ends, in one allocation rather than one per doubling.
+const LAST_OF_MORE: usize = 56;
+
 impl LastOf {
     fn push(&mut self, task: usize) {
         match self.few.get_mut(self.count) {
@@ -38,8 +42,18 @@ impl LastOf {
                 *slot = task as u32;
                 self.count += 1;
             }
-            None => self.more.push(task as u32),
+            None => self.spill(task),
         }
+    }
+
+    /// [`push`](Self::push) past the tasks kept on the stack.
+    #[cold]
+    #[inline(never)]
+    fn spill(&mut self, task: usize) {
+        if self.more.capacity() == 0 {
+            self.more.reserve_exact(LAST_OF_MORE);
+        }
+        self.more.push(task as u32);
     }
 
     fn is_empty(&self) -> bool {

@@ -9,7 +9,8 @@ use crate::{cargo, root, run};
 /// machine's load does not move. Batch 1, and batches of 128 contiguous requests (merged
 /// into one run), of 128 with gaps (each its own) and of 128 contiguous ones submitted in
 /// runs of 8 out of address order (put in order, then merged), and of 128 16 KiB pages so
-/// submitted (four to a slice), with the transport
+/// submitted (four to a slice), and of 128 contiguous 16 KiB pages to a transport of 1 MiB
+/// slices (the same-host transport's: 64 to a slice), with the transport
 /// completing slices on another thread and, for the engine's bookkeeping alone, inside
 /// `submit`.
 pub(super) fn instructions_per_request() {
@@ -53,9 +54,10 @@ pub(super) fn instructions_per_request() {
         (128, "gaps", 20, 120),
         (128, "runs", 20, 120),
         (128, "pages", 20, 120),
+        (128, "long", 20, 120),
     ];
     println!(
-        "\nEngine instructions per request, 64 KiB (`pages`: 16 KiB) (callgrind, with metrics / without):\n\n| batch | layout | transport completing on another thread | transport completing in submit |\n|---|---|---|---|"
+        "\nEngine instructions per request, 64 KiB (`pages`, `long`: 16 KiB) (callgrind, with metrics / without):\n\n| batch | layout | transport completing on another thread | transport completing in submit |\n|---|---|---|---|"
     );
     for (per_batch, layout, short, long) in cases {
         let per_request = |transport: &str, metrics: &str| {
