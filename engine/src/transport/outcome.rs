@@ -190,9 +190,14 @@ impl Slice {
             if let Some(submission) = self.submission.take() {
                 self.done_by_first(submission);
             }
+            // Nothing of it is left to let go but its run's list of parts (if any): taken
+            // out, the rest is forgotten, skipping the drop's checks.
             if self.run.is_none() {
-                // Nothing of it is left to let go: most slices, skipping the drop's checks.
                 std::mem::forget(self);
+            } else {
+                let run = self.run.take();
+                std::mem::forget(self);
+                drop(run);
             }
             return;
         }
