@@ -63,7 +63,7 @@ impl Extent {
 /// allocates nothing once it has grown.
 #[derive(Debug, Default)]
 pub(crate) struct PlanRoom {
-    /// The runs of neighbours as submitted, by their first request.
+    /// The runs of neighbours as submitted, each by where it sits among the requests.
     heads: Vec<Head>,
     /// The requests again, runs in address order.
     ordered: Vec<Extent>,

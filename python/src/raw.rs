@@ -406,9 +406,10 @@ pub(crate) fn exact_int_at(list: &Bound<'_, PyList>, i: usize) -> Option<u64> {
     let list = list.as_ptr();
     // SAFETY: `list` is a live list (the `Bound` holds a reference, on a thread attached to
     // the interpreter: it holds the GIL, so no other thread runs Python code and changes the
-    // list meanwhile; the abi3 wheel loads in no free-threaded build). `PyList_Size` and `PyList_GetItem` with an index checked against
-    // the size set no error; the item `PyList_GetItem` returns is borrowed, owned by the
-    // list, and stays alive while nothing changes the list: from here to the return only
+    // list meanwhile; the abi3 wheel loads in no free-threaded build). `PyList_Size` and
+    // `PyList_GetItem` with an index checked against the size set no error; the item
+    // `PyList_GetItem` returns is borrowed, owned by the list, and stays alive while
+    // nothing changes the list: from here to the return only
     // `PyLong_CheckExact` (a type comparison) and `PyLong_AsLongAndOverflow` on an exact
     // `int` run, and that one calls no Python code (`__index__` is called only for objects
     // that are not `int`s: https://docs.python.org/3/c-api/long.html#c.PyLong_AsLongAndOverflow),

@@ -191,7 +191,8 @@ impl Slice {
                 self.done_by_first(submission);
             }
             // Nothing of it is left to let go but its run's list of parts (if any): taken
-            // out, the rest is forgotten, skipping the drop's checks.
+            // out, the rest is forgotten, skipping the drop's checks. Two branches, because
+            // taking the `Option` on the common path (no run) cost it 4 instructions.
             if self.run.is_none() {
                 std::mem::forget(self);
             } else {
