@@ -36,8 +36,8 @@ impl SliceSize {
     }
 }
 
-/// How [`split`] cuts a range, asked without walking it: a merged run of requests needs to
-/// know how many pieces touch each request before any piece exists.
+/// How [`split`] cuts a range, asked without walking it: how many pieces there are (a merged
+/// run counts its slices before any exists), and where each lies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cuts {
     len: usize,
@@ -63,27 +63,6 @@ impl Cuts {
         self.count
     }
 
-    /// The piece holding byte `offset` (the last piece for offsets past the end).
-    pub fn piece_of(&self, offset: usize) -> usize {
-        (offset / self.slice).min(self.count.saturating_sub(1))
-    }
-
-    /// How many pieces hold bytes of `[offset, offset + len)`; `len` must be positive.
-    pub fn pieces_over(&self, offset: usize, len: usize) -> usize {
-        let last = offset.saturating_add(len.max(1) - 1);
-        self.piece_of(last) - self.piece_of(offset) + 1
-    }
-
-    /// The length of every piece but the last.
-    pub fn slice_size(&self) -> usize {
-        self.slice
-    }
-
-    /// Whether a piece starts at byte `offset` (0 included).
-    pub fn starts_piece(&self, offset: usize) -> bool {
-        offset.is_multiple_of(self.slice) && offset / self.slice < self.count
-    }
-
     /// `(offset, length)` of piece `i` (below [`count`](Self::count)).
     pub fn piece(&self, i: usize) -> (usize, usize) {
         let offset = i * self.slice;
@@ -103,7 +82,7 @@ impl Cuts {
 
 #[cfg(test)]
 mod tests {
-    use super::{Cuts, split};
+    use super::split;
 
     fn pieces(len: usize, slice: usize, tail: usize) -> Vec<(usize, usize)> {
         split(len, slice, tail).collect()
@@ -121,26 +100,6 @@ mod tests {
             assert_eq!(ps.iter().map(|p| p.1).sum::<usize>(), len);
             assert!(ps.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
             assert!(ps.iter().all(|p| p.1 > 0 && p.1 < 64 + 16));
-        }
-    }
-
-    #[test]
-    fn pieces_over_counts_the_pieces_a_range_touches() {
-        for (len, slice, tail) in [(300, 64, 16), (300, 64, 0), (256, 64, 16), (10, 64, 16)] {
-            let cuts = Cuts::new(len, slice, tail);
-            let pieces: Vec<_> = split(len, slice, tail).collect();
-            assert_eq!(cuts.count(), pieces.len());
-            for offset in 0..len {
-                let starts = pieces.iter().any(|&(at, _)| at == offset);
-                assert_eq!(cuts.starts_piece(offset), starts, "{len} {slice} {offset}");
-                for range in 1..=len - offset {
-                    let touching = pieces
-                        .iter()
-                        .filter(|&&(at, n)| at < offset + range && offset < at + n)
-                        .count();
-                    assert_eq!(cuts.pieces_over(offset, range), touching);
-                }
-            }
         }
     }
 }

@@ -11,8 +11,8 @@ use crate::batch::{Batch, BatchInner, MAX_TASK_BYTES};
 use crate::engine::{EngineInner, TransferEngine};
 use crate::error::{EngineError, TransferError};
 use crate::merge::{Extent, PlanRoom, plan};
-use crate::transport::{PeerSegment, Routes, Slice, Submission, TaskPart};
-use crate::types::{SegmentId, TransferRequest, TransferStatus};
+use crate::transport::{PeerSegment, Routes, Run, Slice, Submission, TaskPart};
+use crate::types::{Opcode, SegmentId, TransferRequest, TransferStatus};
 
 /// How many of the submissions made lately in one submit call a request looks through for
 /// one it can share before it pins its region anew: enough for the layers of a model
@@ -107,7 +107,9 @@ impl TransferEngine {
     /// one run, cut into slices by the transport's slice size, whatever order they came in
     /// (unless the engine was built with
     /// [`merge_requests(false)`](crate::TransferEngineBuilder::merge_requests)). Each request
-    /// stays its own task, with its own status and bytes.
+    /// stays its own task, with its own status and bytes; a run's tasks end together, once
+    /// every slice of the run has let go (a task whose bytes were in a failed slice fails,
+    /// the others complete).
     pub fn submit(&self, batch: &Batch, requests: &[TransferRequest]) -> Result<(), EngineError> {
         SCRATCH.with(|kept| match kept.try_borrow_mut() {
             Ok(mut scratch) => self.submit_with(batch, requests, &mut scratch),
@@ -342,7 +344,7 @@ impl TransferEngine {
     #[inline(never)]
     fn cut_run(
         &self,
-        batch: &BatchInner,
+        batch: &Arc<BatchInner>,
         run: &[Extent],
         submissions: &[Arc<Submission>],
         groups: &mut [Vec<Slice>],
@@ -408,70 +410,40 @@ impl TransferEngine {
             batch.start_task(task, cuts.count() as u32, opcode, transport_index);
             return;
         }
-        if run[1..]
+        // Neighbours: one run, whose slices count down on it, not on each task. Each task
+        // is started before any slice goes to a transport.
+        let parts: Box<[TaskPart]> = run
             .iter()
-            .all(|extent| cuts.starts_piece(extent.local - local))
-        {
-            // Every request starts where a piece does, so no piece holds bytes of two: each
-            // is a slice of its request alone, reported without the run's list of parts.
-            for extent in run {
-                let task = extent.task as usize;
-                if extent.len <= cuts.slice_size() {
-                    // Starting a piece and no longer than one, the request is that piece.
-                    group.push(Slice::new(
-                        submission.clone(),
-                        opcode,
-                        task,
-                        extent.local,
-                        extent.len,
-                        extent.remote,
-                    ));
-                    batch.start_task(task, 1, opcode, transport_index);
-                    continue;
+            .map(|extent| {
+                batch.start_run_task(extent.task as usize, opcode, transport_index);
+                TaskPart {
+                    start: extent.local,
+                    task: extent.task,
                 }
-                let offset = extent.local - local;
-                let first = cuts.piece_of(offset);
-                let count = cuts.pieces_over(offset, extent.len);
-                group.extend((first..first + count).map(|i| {
-                    let (at, len) = cuts.piece(i);
-                    Slice::new(
-                        submission.clone(),
-                        opcode,
-                        task,
-                        local + at,
-                        len,
-                        remote + at as u64,
-                    )
-                }));
-                batch.start_task(task, count as u32, opcode, transport_index);
-            }
-            return;
-        }
-        let parts: Arc<[TaskPart]> = run
-            .iter()
-            .map(|e| TaskPart {
-                start: e.local,
-                task: e.task,
             })
             .collect();
-        for extent in run {
-            let slices = cuts.pieces_over(extent.local - local, extent.len) as u32;
-            batch.start_task(extent.task as usize, slices, opcode, transport_index);
-        }
+        let shared = Arc::new(Run::new(
+            parts,
+            local + run_len,
+            batch.clone(),
+            cuts.count(),
+            transport_index,
+            opcode == Opcode::Write,
+        ));
         let mut part = 0;
         group.extend(cuts.pieces().map(|(offset, len)| {
             // Pieces and parts both ascend: the part holding a piece's start is at or after
             // the one holding the piece before's.
-            while parts
+            while run
                 .get(part + 1)
-                .is_some_and(|p| p.start <= local + offset)
+                .is_some_and(|extent| extent.local <= local + offset)
             {
                 part += 1;
             }
             Slice::of_run(
                 submission.clone(),
                 opcode,
-                parts.clone(),
+                shared.clone(),
                 part,
                 local + offset,
                 len,

@@ -301,28 +301,80 @@ fn a_canceled_merged_run_shows_every_task_canceled_once_its_slices_are_cut_off()
 }
 
 #[test]
-fn a_slice_of_a_merged_run_cut_in_pieces_completes_each_task_once_all_its_pieces_have() {
+fn a_run_canceled_after_some_of_its_slices_moved_shows_each_task_canceled_with_its_bytes() {
+    let (engine, transport, batch, _buffer, requests) = held_run(6, 1500);
+    let mut slices = transport.take();
+    slices.sort_by_key(|s| s.local_addr);
+    assert_eq!(slices.len(), 3, "9000 bytes in 4 KiB slices");
+    let moved = slices.remove(0);
+    let (moved_start, moved_len) = (moved.local_addr, moved.len);
+    transport.held.lock().unwrap().extend(slices);
+    moved.complete();
+    // No task of the run ends before the run does: every one is still running.
+    for task in 0..requests.len() {
+        let status = batch.task_status(task).unwrap().status;
+        assert_eq!(status, TransferStatus::Pending, "task {task}");
+    }
+    assert_eq!(batch.cancel(), 6);
+    assert!(
+        transport.take().is_empty(),
+        "cancel cut the held slices off"
+    );
+    for (task, request) in requests.iter().enumerate() {
+        let status = batch.task_status(task).unwrap();
+        assert_eq!(status.status, TransferStatus::Canceled, "task {task}");
+        let from = request.source.max(moved_start);
+        let to = (request.source + request.length).min(moved_start + moved_len);
+        assert_eq!(
+            status.transferred_bytes,
+            to.saturating_sub(from) as u64,
+            "task {task}: the bytes of it the moved slice held"
+        );
+    }
+    let hold = &engine.stats().transports[0];
+    assert_eq!((hold.slices, hold.bytes), (1, moved_len as u64));
+    engine
+        .free_batch(&batch)
+        .expect("no task left unfinished, none counted twice");
+}
+
+#[test]
+fn a_merged_run_cut_in_pieces_completes_its_tasks_together_once_all_its_pieces_have() {
     let (engine, transport, batch, _buffer, requests) = held_run(5, 1000);
     let mut pieces = Vec::new();
     for slice in transport.take() {
         // Cuts at 512-byte multiples: some through a task, some between two.
         slice.cut(7, 512, |_, piece| pieces.push(piece));
     }
+    let piece_count = pieces.len() as u64;
+    assert!(piece_count > 2, "{piece_count} pieces");
     pieces.sort_by_key(|p| p.local_addr);
     let last = pieces.pop().unwrap();
     for piece in pieces {
         piece.complete();
     }
-    // Only the tasks the last piece holds bytes of are still pending.
-    for (task, request) in requests.iter().enumerate() {
-        let pending = overlap(&last, request.source, request.length) > 0;
-        let status = batch.task_status(task).unwrap().status;
-        assert_eq!(status == TransferStatus::Pending, pending, "task {task}");
+    // The run's tasks end together, when its last piece lets go: even those the last
+    // piece holds no bytes of are pending until then.
+    for task in 0..requests.len() {
+        let status = batch.task_status(task).unwrap();
+        assert_eq!(status.status, TransferStatus::Pending, "task {task}");
     }
     last.complete();
     let status = batch.wait(Duration::from_secs(10));
     assert_eq!(status.completed, 5);
     assert_eq!(status.transferred_bytes, 5000);
+    for task in 0..requests.len() {
+        assert_eq!(batch.task_status(task).unwrap().transferred_bytes, 1000);
+    }
+    // Each piece counts as a slice of the transport, once; the tasks' times count once each.
+    let stats = engine.stats();
+    let hold = &stats.transports[0];
+    assert_eq!(
+        (hold.slices, hold.bytes, hold.failures),
+        (piece_count, 5000, 0)
+    );
+    let timed: u64 = stats.latency.iter().map(|l| l.count).sum();
+    assert_eq!(timed, 5, "{:?}", stats.latency);
     engine
         .free_batch(&batch)
         .expect("no task left unfinished, none counted twice");

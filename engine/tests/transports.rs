@@ -504,4 +504,5 @@ fn a_declined_slice_of_a_merged_run_is_cut_again_and_each_task_gets_its_bytes() 
         moved_by(&engine.stats(), "far"),
         (far_slices as u64, run as u64)
     );
+    assert_eq!(moved_by(&engine.stats(), "near"), (0, 0), "near moved none");
 }

@@ -10,8 +10,8 @@ use parking_lot::{Condvar, Mutex};
 use super::hooks::Hooks;
 use super::table::TaskTable;
 use super::task::{
-    COMPLETED, ENDED_SHIFT, FAILED, FIRST_MASK, FIRST_SHIFT, PENDING, PROGRESS_SHIFT, SETTLED,
-    WAITING, WRITE_FLAG, state_of,
+    COMPLETED, ENDED_SHIFT, FAILED, FIRST_MASK, FIRST_SHIFT, PENDING, PROGRESS_SHIFT, RUN_FLAG,
+    SETTLED, SLICES_MASK, WAITING, WRITE_FLAG, state_of,
 };
 use super::wait::Helpers;
 use crate::engine::EngineInner;
@@ -165,6 +165,20 @@ impl BatchInner {
     /// engine's list) first — the words the task keeps anyway, so metrics store nothing here.
     #[inline]
     pub(crate) fn start_task(&self, task: usize, slices: u32, opcode: Opcode, first: usize) {
+        self.start(task, slices, opcode, first);
+    }
+
+    /// Starts `task` as one of a merged run's, whose slices go to transport `first` first:
+    /// its one slice is the run, which reports to it with
+    /// [`run_task_released`](Self::run_task_released) once all the run's slices let go.
+    #[inline]
+    pub(crate) fn start_run_task(&self, task: usize, opcode: Opcode, first: usize) {
+        self.start(task, 1 | RUN_FLAG, opcode, first);
+    }
+
+    /// Starts `task` with `slices` (its count, and [`RUN_FLAG`] for a task of a run).
+    #[inline(always)]
+    fn start(&self, task: usize, slices: u32, opcode: Opcode, first: usize) {
         let t = &self.tasks[task];
         let write = if opcode == Opcode::Write {
             WRITE_FLAG
@@ -226,6 +240,17 @@ impl BatchInner {
     /// caller then counts it [`finished`](Self::finished)), else shows the state it ended in.
     #[inline]
     fn last_released(&self, task: usize, ended_ns: u64) -> bool {
+        if self.try_complete(task, ended_ns) {
+            return true;
+        }
+        self.settle(task);
+        false
+    }
+
+    /// Moves `task` to Completed (settled, ended at `ended_ns`) unless something ended it
+    /// before.
+    #[inline(always)]
+    fn try_complete(&self, task: usize, ended_ns: u64) -> bool {
         let t = &self.tasks[task];
         let current = t.state.load(Ordering::SeqCst);
         if matches!(state_of(current), PENDING | WAITING) {
@@ -233,25 +258,31 @@ impl BatchInner {
                 | SETTLED
                 | (current & FIRST_MASK)
                 | (ended_ns & (u64::MAX >> ENDED_SHIFT)) << ENDED_SHIFT;
-            if t.state
+            return t
+                .state
                 .compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-            {
-                return true;
-            }
+                .is_ok();
         }
-        self.settle(task);
         false
     }
 
     /// Marks an ended task settled, once (whoever sees it both ended and released first).
     #[cold]
     fn settle(&self, task: usize) {
+        if self.mark_settled(task) {
+            self.finished();
+        }
+    }
+
+    /// [`settle`](Self::settle), but the caller counts the task
+    /// [`finished_many`](Self::finished_many) if this returns true (it settled it).
+    #[cold]
+    fn mark_settled(&self, task: usize) -> bool {
         let t = &self.tasks[task];
         let mut current = t.state.load(Ordering::SeqCst);
         loop {
             if matches!(state_of(current), PENDING | WAITING) || current & SETTLED != 0 {
-                return;
+                return false;
             }
             match t.state.compare_exchange(
                 current,
@@ -264,7 +295,7 @@ impl BatchInner {
             }
         }
         self.ending.fetch_sub(1, Ordering::SeqCst);
-        self.finished();
+        true
     }
 
     /// One task more has finished (and shows so).
@@ -276,7 +307,7 @@ impl BatchInner {
     /// `count` tasks more have finished (and show so): one write to the count every
     /// finisher shares, whichever thread it runs on, for the tasks one slice ended.
     #[inline]
-    fn finished_many(&self, count: usize) {
+    pub(crate) fn finished_many(&self, count: usize) {
         if count > 0 && self.unfinished.fetch_sub(count, Ordering::SeqCst) == count {
             self.went_idle();
         }
@@ -349,7 +380,27 @@ impl BatchInner {
             .progress
             .fetch_add((1 << PROGRESS_SHIFT) | bytes, Ordering::SeqCst);
         let done = (before >> PROGRESS_SHIFT) + 1;
-        done == u64::from(t.slices_total.load(Ordering::SeqCst) & !WRITE_FLAG)
+        done == u64::from(t.slices_total.load(Ordering::SeqCst) & SLICES_MASK)
+    }
+
+    /// The run `task` is one of has let go of all its slices, of which `moved` bytes were
+    /// the task's: counts the run as the task's one slice, and completes the task if nothing
+    /// ended it before (timed `ended_ns`), else settles it as it ended. Whichever it comes
+    /// to, the caller counts the task [`finished_many`](Self::finished_many) after (unless
+    /// [`RunRelease::Nothing`]): so that a run's tasks go down in the count together, after
+    /// the run's tally.
+    #[inline]
+    pub(crate) fn release_run_task(&self, task: usize, moved: u64, ended_ns: u64) -> RunRelease {
+        let t = &self.tasks[task];
+        t.progress
+            .fetch_add((1 << PROGRESS_SHIFT) | moved, Ordering::SeqCst);
+        if self.try_complete(task, ended_ns) {
+            RunRelease::Completed
+        } else if self.mark_settled(task) {
+            RunRelease::Settled
+        } else {
+            RunRelease::Nothing
+        }
     }
 
     /// A slice of `task` with `bytes` that the task's first transport did not move (another
@@ -371,20 +422,9 @@ impl BatchInner {
         }
     }
 
-    /// As [`complete_task`](Self::complete_task) for each of `tasks`, which ended together
-    /// (the last slice of each was one slice): one clock reading times them, and the
-    /// batch's count of unfinished tasks goes down once for all, after the last.
-    pub(crate) fn complete_tasks(&self, tasks: impl Iterator<Item = usize>) {
-        let ended = self.ended_ns();
-        let completed = tasks
-            .filter(|&task| self.last_released(task, ended))
-            .count();
-        self.finished_many(completed);
-    }
-
     /// When a task completing now ends, for its timing (metrics on; else 0, untimed).
     #[inline]
-    fn ended_ns(&self) -> u64 {
+    pub(crate) fn ended_ns(&self) -> u64 {
         if self.timer.is_some() {
             completion_ns().max(1)
         } else {
@@ -409,6 +449,17 @@ impl BatchInner {
         }
         Ok(())
     }
+}
+
+/// What [`BatchInner::release_run_task`] came to for a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunRelease {
+    /// The task completed.
+    Completed,
+    /// The task had ended otherwise (failed, canceled, timed out), and settles now.
+    Settled,
+    /// Someone else settled it (it ended before the run started).
+    Nothing,
 }
 
 impl Drop for BatchInner {

@@ -2,7 +2,8 @@
 //!
 //! A task's state lives in atomics so that status reads take no lock; a finished task never
 //! changes again (the first final state wins a compare-and-swap). Waiters sleep on a condvar
-//! that the last task to finish signals; each slice costs one atomic add on its task.
+//! that the last task to finish signals; each slice costs one atomic add on its task (or on
+//! its merged run, which ends its tasks together).
 //!
 //! A task that ends other than Completed (deadline, cancel, a failed slice) is *reported*
 //! so only once every slice of it has let go (reported, abandoned or dropped): until then a
@@ -11,7 +12,9 @@
 //! So whoever sees a task Timeout, Canceled or Failed knows that no slice of it touches
 //! local memory any more. The count is the one the slices keep anyway: every slice,
 //! whatever its outcome, adds one to its task's progress word, and the one that brings it
-//! to the total settles the task.
+//! to the total settles the task. A task of a merged run has one such slice, the run: its
+//! slices count down on the run, and the last to let go reports the run to each of its
+//! tasks.
 //!
 //! The parts: one task's state word ([`task`]) and a batch's table of them, which the
 //! engine's tally reads ([`table`]); the batch's lifecycle from reserve to settled tasks
@@ -32,7 +35,7 @@ mod wait;
 
 pub use deadline::DRAIN;
 pub use handle::Batch;
-pub(crate) use lifecycle::BatchInner;
+pub(crate) use lifecycle::{BatchInner, RunRelease};
 pub(crate) use table::tally_tasks;
 pub(crate) use task::MAX_TASK_BYTES;
 pub(crate) use wait::Helpers;

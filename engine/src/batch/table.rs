@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use super::task::{
-    COMPLETED, ENDED_SHIFT, FIRST_MASK, FIRST_SHIFT, MAX_TASK_BYTES, PROGRESS_SHIFT, TaskState,
-    WRITE_FLAG, state_of,
+    COMPLETED, ENDED_SHIFT, FIRST_MASK, FIRST_SHIFT, MAX_TASK_BYTES, PROGRESS_SHIFT, RUN_FLAG,
+    TaskState, WRITE_FLAG, state_of,
 };
 use crate::stats::{Tally, bucket_of};
 
@@ -15,44 +15,36 @@ use crate::stats::{Tally, bucket_of};
 /// reads ([`tally_tasks`]) while the batch lives, and once more when it goes.
 #[derive(Debug)]
 pub(crate) struct TaskTable {
-    tasks: Tasks,
+    /// One allocation even for a lone task: an index into a boxed slice is a bounds check,
+    /// where a table that kept a lone task inline paid a branch on every access of every
+    /// task.
+    tasks: Box<[TaskState]>,
     /// `stats::clock_ns` of the submit call that took task 0 (timed batches only; 0 until
     /// then): most batches take one call, which so stores its start without a lock.
     first_start: AtomicU64,
     /// `(first task, stats::clock_ns)` of each later submit call, in task order (timed
     /// batches only): one record per call, none per task.
     starts: Mutex<Vec<(usize, u64)>>,
+    /// What the merged runs that ended moved and took (timed batches only; none until the
+    /// first ends): their tasks are read off the runs, not one by one.
+    runs: Mutex<Option<Box<Tally>>>,
 }
 
 impl std::ops::Deref for TaskTable {
     type Target = [TaskState];
     fn deref(&self) -> &[TaskState] {
-        match &self.tasks {
-            Tasks::One(one) => one,
-            Tasks::Many(many) => many,
-        }
+        &self.tasks
     }
-}
-
-/// The task states: a lone task (`transfer_sync`, a batch of one) lives in the table itself,
-/// one allocation fewer per batch; more in a slice of their own.
-#[derive(Debug)]
-enum Tasks {
-    One([TaskState; 1]),
-    Many(Box<[TaskState]>),
 }
 
 impl TaskTable {
     /// `capacity` tasks, none started.
     pub(super) fn new(capacity: usize) -> Self {
         Self {
-            tasks: if capacity == 1 {
-                Tasks::One([TaskState::default()])
-            } else {
-                Tasks::Many((0..capacity).map(|_| TaskState::default()).collect())
-            },
+            tasks: (0..capacity).map(|_| TaskState::default()).collect(),
             first_start: AtomicU64::new(0),
             starts: Mutex::default(),
+            runs: Mutex::default(),
         }
     }
 
@@ -67,6 +59,27 @@ impl TaskTable {
             let at_index = starts.partition_point(|&(task, _)| task < first);
             starts.insert(at_index, (first, at));
         }
+    }
+}
+
+impl TaskTable {
+    /// When the submit call that took `task` started (`crate::stats::clock_ns`; 0 if
+    /// untimed).
+    pub(crate) fn started_ns(&self, task: usize) -> u64 {
+        let starts = self.starts.lock();
+        let later = starts.partition_point(|&(first, _)| first <= task);
+        match later.checked_sub(1) {
+            Some(call) => starts[call].1,
+            None => self.first_start.load(Ordering::Acquire),
+        }
+    }
+
+    /// Adds to the tally of the batch's merged runs, with `record` (under its lock: the
+    /// run's tasks complete inside it, so that a tally read after they show completed
+    /// holds them).
+    pub(crate) fn record_run<R>(&self, record: impl FnOnce(&mut Tally) -> R) -> R {
+        let mut runs = self.runs.lock();
+        record(runs.get_or_insert_with(Box::default))
     }
 }
 
@@ -88,6 +101,10 @@ pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
     }
     sums.add(&tasks[from..], started_ns, tally);
     sums.flush(tally);
+    drop(starts);
+    if let Some(runs) = &*table.runs.lock() {
+        tally.absorb(runs);
+    }
 }
 
 /// What [`tally_tasks`] gathers before it adds to the tally: a batch's tasks mostly go to
@@ -146,6 +163,11 @@ impl Sums {
             if first == 0 {
                 continue;
             }
+            let total = t.slices_total.load(Ordering::Relaxed);
+            if total & RUN_FLAG != 0 {
+                // Its run tallies it.
+                continue;
+            }
             // `uncredited` is added to before `progress` and read after: all of it that this
             // `progress` holds is seen.
             let (mut bytes, mut slices) = split(t.progress.load(Ordering::Acquire));
@@ -163,7 +185,7 @@ impl Sums {
             self.slices += slices;
             let ended = word >> ENDED_SHIFT;
             if ended != 0 && state_of(word) == COMPLETED {
-                let write = t.slices_total.load(Ordering::Relaxed) & WRITE_FLAG != 0;
+                let write = total & WRITE_FLAG != 0;
                 let (key, ns) = (
                     Alike::key(write, total_bytes),
                     ended.saturating_sub(started_ns),

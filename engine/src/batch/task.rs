@@ -31,6 +31,12 @@ pub(super) const SETTLED: u64 = 1 << 8;
 pub(super) const ENDED_SHIFT: u32 = 9;
 /// The bit of a task's slice total that marks a write.
 pub(super) const WRITE_FLAG: u32 = 1 << 31;
+/// The bit of a task's slice total that marks a task of a merged run: its one "slice" is the
+/// run, which reports to it once all of the run's slices have let go, and the run, not the
+/// task, is what the engine's tally reads.
+pub(super) const RUN_FLAG: u32 = 1 << 30;
+/// The bits of a task's slice total that count its slices.
+pub(super) const SLICES_MASK: u32 = RUN_FLAG - 1;
 
 pub(super) fn state_of(word: u64) -> u8 {
     (word & STATE_MASK) as u8
@@ -41,7 +47,8 @@ pub(super) fn state_of(word: u64) -> u8 {
 pub(crate) struct TaskState {
     /// See [`STATE_MASK`].
     pub(super) state: AtomicU64,
-    /// Slices to do, and [`WRITE_FLAG`] for a write.
+    /// Slices to do (one for a task of a merged run), [`WRITE_FLAG`] for a write and
+    /// [`RUN_FLAG`] for a task of a merged run.
     pub(super) slices_total: AtomicU32,
     /// Slices done (high bits) and bytes moved (low [`PROGRESS_SHIFT`] bits): one atomic add
     /// per slice counts both.
@@ -68,6 +75,6 @@ impl TaskState {
     /// means none was out when the progress was read.
     pub(super) fn released(&self) -> bool {
         let done = self.progress.load(Ordering::SeqCst) >> PROGRESS_SHIFT;
-        done == u64::from(self.slices_total.load(Ordering::SeqCst) & !WRITE_FLAG)
+        done == u64::from(self.slices_total.load(Ordering::SeqCst) & SLICES_MASK)
     }
 }

@@ -58,6 +58,14 @@ impl Histogram {
         self.add(bucket, tasks, ns.saturating_mul(tasks));
     }
 
+    /// Adds all of `other`.
+    pub(super) fn absorb(&mut self, other: &Histogram) {
+        for (mine, theirs) in self.buckets.iter_mut().zip(&other.buckets) {
+            *mine += theirs;
+        }
+        self.sum_ns = self.sum_ns.saturating_add(other.sum_ns);
+    }
+
     /// `tasks` tasks in `bucket` (as [`bucket_of`] finds it), which took `sum_ns` together.
     pub(super) fn add(&mut self, bucket: usize, tasks: u64, sum_ns: u64) {
         if let Some(count) = self.buckets.get_mut(bucket) {

@@ -56,6 +56,21 @@ impl Tally {
         out
     }
 
+    /// Adds all of `other`.
+    pub(crate) fn absorb(&mut self, other: &Tally) {
+        for (mine, theirs) in self.moved.iter_mut().zip(&other.moved) {
+            *mine = (mine.0 + theirs.0, mine.1 + theirs.1);
+        }
+        for (mine, theirs) in self
+            .latency
+            .iter_mut()
+            .flatten()
+            .zip(other.latency.iter().flatten())
+        {
+            mine.absorb(theirs);
+        }
+    }
+
     pub(crate) fn of(&self, transport: usize) -> (u64, u64) {
         self.moved.get(transport).copied().unwrap_or_default()
     }

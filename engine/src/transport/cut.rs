@@ -1,31 +1,21 @@
 //! Cutting a slice into pieces: for a transport that moves one slice with several threads,
 //! and for a declined slice too large for the next transport. Every piece is counted by its
-//! tasks before any piece can report.
+//! task, or its run, before any piece can report.
 
 use super::slice::Slice;
 use super::submission::Submission;
 
 impl Slice {
     /// Counts, before any piece reports, the pieces this slice is about to be cut into, at
-    /// offsets `cuts` (ascending, inside the slice): each cut through a task's bytes gives
-    /// that task one slice more; a cut between two tasks' parts gives none.
+    /// offsets `cuts` (inside the slice): one more slice for its task each, or for its run.
     pub(super) fn count_cuts(&self, submission: &Submission, cuts: impl Iterator<Item = usize>) {
-        let batch = &submission.batch;
-        let Some(parts) = self.run.as_deref() else {
-            let more = cuts.count() as u32;
-            if more > 0 {
-                batch.add_slices(self.task as usize, more);
-            }
+        let more = cuts.count();
+        if more == 0 {
             return;
-        };
-        for cut in cuts {
-            let at = self.local_addr + cut;
-            let holder = parts.partition_point(|part| part.start <= at);
-            if let Some(part) = holder.checked_sub(1).and_then(|i| parts.get(i))
-                && part.start != at
-            {
-                batch.add_slices(part.task as usize, 1);
-            }
+        }
+        match self.run.as_deref() {
+            Some(run) => run.add_slices(more),
+            None => submission.batch.add_slices(self.task as usize, more as u32),
         }
     }
 

@@ -1,8 +1,10 @@
-//! How a slice reports: its outcome goes to each task it carries bytes of, and the tasks it
-//! was the last of complete once it has let go of its submission.
+//! How a slice reports: its outcome goes to each task it carries bytes of, and the slice
+//! counts as let go by its task (or its run, which ends its tasks together once its last
+//! slice has let go), after letting go of its submission.
 
 use std::sync::Arc;
 
+use super::run::Letting;
 use super::slice::Slice;
 use super::submission::Submission;
 use crate::error::TransferError;
@@ -22,84 +24,23 @@ enum Outcome {
     },
 }
 
-/// The tasks a slice was the last of: they settle only after the slice has let go of its
-/// submission, so they are gathered first (on the stack, unless the slice ended many).
-#[derive(Default)]
-struct LastOf {
-    few: [u32; 8],
-    count: usize,
-    more: Vec<u32>,
-}
-
-/// Room the list past [`LastOf::few`] takes at once: with them, the 64 pages of 16 KiB a
-/// same-host slice of 1 MiB ends, in one allocation rather than one per doubling.
-const LAST_OF_MORE: usize = 56;
-
-impl LastOf {
-    fn push(&mut self, task: usize) {
-        match self.few.get_mut(self.count) {
-            Some(slot) => {
-                *slot = task as u32;
-                self.count += 1;
-            }
-            None => self.spill(task),
-        }
-    }
-
-    /// [`push`](Self::push) past the tasks kept on the stack.
-    #[cold]
-    #[inline(never)]
-    fn spill(&mut self, task: usize) {
-        if self.more.capacity() == 0 {
-            self.more.reserve_exact(LAST_OF_MORE);
-        }
-        self.more.push(task as u32);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
-    fn tasks(&self) -> impl Iterator<Item = usize> + '_ {
-        self.few[..self.count]
-            .iter()
-            .chain(&self.more)
-            .map(|&task| task as usize)
-    }
-
-    /// Completes these tasks, after letting go of the slice's `submission` (and with the
-    /// last slice, its pin): so that no one sees them ended before.
-    fn complete(self, submission: Arc<Submission>) {
-        if self.is_empty() {
-            return;
-        }
-        let batch = submission.batch.clone();
-        drop(submission);
-        batch.complete_tasks(self.tasks());
-    }
-}
-
 impl Slice {
     /// Reports the outcome to each task the slice carries bytes of: the requests' hold on
     /// the pin goes first (with the last slice, the pin itself), so whoever learns a task
     /// ended may unregister its memory at once. Every outcome counts the slice as let go by
-    /// each of its tasks; a task's last slice settles it.
+    /// its task (or its run); a task's last slice (or its run's) settles it.
     fn report(mut self, outcome: Outcome) {
         let Some(submission) = self.submission.take() else {
             return;
         };
-        if self.rank == 0 && matches!(outcome, Outcome::Done) {
-            return self.done_by_first(submission);
-        }
         let transport = submission
             .routes
             .get(self.rank as usize)
             .unwrap_or(usize::MAX);
         let batch = &submission.batch;
-        let write = self.opcode == Opcode::Write;
         match &outcome {
-            // What the tasks' first transport moved is read off the tasks; a declined slice's
-            // next transport counts its own.
+            // What the tasks' first transport moved is read off the tasks (or runs); a
+            // declined slice's next transport counts its own.
             Outcome::Done if self.rank != 0 => {
                 if let Some(counters) = &batch.timer {
                     counters.moved(transport, self.len as u64);
@@ -112,22 +53,16 @@ impl Slice {
             }
             _ => {}
         }
-        for (i, (task, bytes)) in self.tasks().enumerate() {
+        let write = self.opcode == Opcode::Write;
+        for (task, _) in self.tasks() {
             match &outcome {
-                Outcome::Done if self.rank != 0 => batch.slice_uncredited(task, bytes),
-                // Every task counts the slice; the first transport's tally counts it once.
-                Outcome::Done if i > 0 => batch.slice_uncredited(task, 0),
                 Outcome::Done => {}
-                Outcome::Skipped => {
-                    batch.fail_if_live(task, "skipped");
-                    batch.slice_uncredited(task, 0);
-                }
+                Outcome::Skipped => batch.fail_if_live(task, "skipped"),
                 Outcome::CutOff { remote_may_change } => {
                     if *remote_may_change && write {
                         batch.remote_may_change(task);
                     }
                     batch.fail_if_live(task, "cut off");
-                    batch.slice_uncredited(task, 0);
                 }
                 Outcome::Failed { error, sent } => {
                     if *sent && write {
@@ -136,28 +71,36 @@ impl Slice {
                     // The task ends first, then the slice counts as let go: the last one out
                     // settles the task as Failed.
                     batch.fail_task(task, error.clone());
-                    batch.slice_uncredited(task, 0);
                 }
             }
         }
         let done = matches!(outcome, Outcome::Done);
-        let mut last_of = LastOf::default();
-        for (task, bytes) in self.tasks() {
-            if batch.slice_progress(task, if done { bytes } else { 0 }) {
-                last_of.push(task);
-            }
+        if let Some(run) = self.run.take() {
+            let how = match (done, self.rank) {
+                (true, 0) => Letting::Moved,
+                (true, _) => Letting::MovedByOther,
+                (false, _) => Letting::Unmoved,
+            };
+            drop(submission);
+            return run.let_go(how, self.len, self.tasks_in(&run));
         }
-        last_of.complete(submission);
+        let (task, bytes) = (self.task as usize, self.len as u64);
+        if !done || self.rank != 0 {
+            // Every task counts the slice; the first transport's tally does not.
+            batch.slice_uncredited(task, if done { bytes } else { 0 });
+        }
+        if batch.slice_progress(task, if done { bytes } else { 0 }) {
+            let batch = batch.clone();
+            drop(submission);
+            batch.complete_task(task);
+        }
     }
 
-    /// The common case, a slice done by its first transport: what [`report`](Self::report)
-    /// comes to for it, in one pass (each task counts its share before its progress), and
-    /// for a slice of one task without a list of the tasks it ended.
+    /// The common case, a slice of one request done by its first transport: what
+    /// [`report`](Self::report) comes to for it.
     #[inline(always)]
     fn done_by_first(&self, submission: Arc<Submission>) {
-        let Some(task) = self.only_task() else {
-            return self.done_by_first_for_many(submission);
-        };
+        let task = self.task as usize;
         let batch = &submission.batch;
         if batch.slice_progress(task, self.len as u64) {
             let batch = batch.clone();
@@ -166,39 +109,25 @@ impl Slice {
         }
     }
 
-    /// [`done_by_first`](Self::done_by_first) for a slice holding bytes of several tasks.
-    #[inline(never)]
-    fn done_by_first_for_many(&self, submission: Arc<Submission>) {
-        let batch = &submission.batch;
-        let mut last_of = LastOf::default();
-        for (i, (task, bytes)) in self.tasks().enumerate() {
-            if i > 0 {
-                // Every task counts the slice; the first transport's tally counts it once.
-                batch.slice_uncredited(task, 0);
-            }
-            if batch.slice_progress(task, bytes) {
-                last_of.push(task);
-            }
-        }
-        last_of.complete(submission);
-    }
-
     /// The slice moved all its bytes.
     pub fn complete(mut self) {
         if self.rank == 0 {
-            // Taken here, the slice reports once and its drop has nothing left to do.
-            if let Some(submission) = self.submission.take() {
-                self.done_by_first(submission);
-            }
-            // Nothing of it is left to let go but its run's list of parts (if any): taken
-            // out, the rest is forgotten, skipping the drop's checks. Two branches, because
-            // taking the `Option` on the common path (no run) cost it 4 instructions.
-            if self.run.is_none() {
-                std::mem::forget(self);
-            } else {
-                let run = self.run.take();
-                std::mem::forget(self);
-                drop(run);
+            // Taken here, the slice reports once and its drop has nothing left to do: the
+            // rest of it is forgotten, skipping the drop's checks.
+            let Some(submission) = self.submission.take() else {
+                return;
+            };
+            match self.run.take() {
+                None => {
+                    self.done_by_first(submission);
+                    std::mem::forget(self);
+                }
+                Some(run) => {
+                    std::mem::forget(self);
+                    // Its hold on the pin goes before the run counts it let go.
+                    drop(submission);
+                    run.slice_let_go();
+                }
             }
             return;
         }

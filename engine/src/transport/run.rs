@@ -1,7 +1,16 @@
-//! A slice of a merged run and the tasks it carries bytes of: the run's parts, which task
-//! holds an address, and how many bytes of each task a slice holds.
+//! A merged run: the neighbouring requests of one submit call moved as one range, cut into
+//! slices. Its slices count down on the run, not on each task; once every one has let go,
+//! the run ends its tasks together: each with the bytes of it that moved, completed unless
+//! a slice holding its bytes failed (or it was canceled or timed out) meanwhile.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
 
 use super::slice::Slice;
+use crate::batch::{BatchInner, RunRelease};
+use crate::stats::bucket_of;
 
 /// One request's part of a merged run: its task, from its local start address up to the
 /// next part's (or the run's end).
@@ -9,6 +18,211 @@ use super::slice::Slice;
 pub(crate) struct TaskPart {
     pub(crate) start: usize,
     pub(crate) task: u32,
+}
+
+/// A merged run, shared by its slices.
+#[derive(Debug)]
+pub(crate) struct Run {
+    /// The requests' parts, in address order.
+    pub(super) parts: Box<[TaskPart]>,
+    /// Where the run ends locally.
+    end: usize,
+    /// The batch its tasks are in (held here once, not by each slice's report).
+    batch: Arc<BatchInner>,
+    /// Slices not let go yet: the one that brings it to zero ends the run.
+    slices_left: AtomicUsize,
+    /// Slices it was cut into, pieces included.
+    slices: AtomicUsize,
+    /// The transport its slices go to first, and whether it is a write: what the tally
+    /// counts the run under.
+    transport: usize,
+    write: bool,
+    /// Whether a slice let go other than moved by the first transport: then `trouble` says
+    /// how.
+    troubled: AtomicBool,
+    trouble: Mutex<Trouble>,
+}
+
+/// What the slices of a run that did not simply move their bytes left for its end.
+#[derive(Debug, Default)]
+struct Trouble {
+    /// `(task, bytes)` of the task's bytes a slice let go of without moving.
+    unmoved: Vec<(u32, u64)>,
+    /// Slices that moved nothing.
+    unmoved_slices: u64,
+    /// Bytes and slices a transport other than the first carried (its own counters count
+    /// them).
+    other_bytes: u64,
+    other_slices: u64,
+}
+
+impl Trouble {
+    /// The bytes of `task` no slice moved; `unmoved` sorted by task.
+    fn unmoved_of(&self, task: u32) -> u64 {
+        let from = self.unmoved.partition_point(|&(t, _)| t < task);
+        self.unmoved[from..]
+            .iter()
+            .take_while(|&&(t, _)| t == task)
+            .map(|&(_, bytes)| bytes)
+            .sum()
+    }
+}
+
+/// How a slice of a run let go, for its end.
+pub(super) enum Letting {
+    /// Moved by its first transport.
+    Moved,
+    /// Moved by another transport, which counted it.
+    MovedByOther,
+    /// Moved nothing.
+    Unmoved,
+}
+
+impl Run {
+    /// A run of `parts` (the requests' tasks and starts, in address order), ending at `end`,
+    /// cut into `slices` slices that go to `transport` first.
+    pub(crate) fn new(
+        parts: Box<[TaskPart]>,
+        end: usize,
+        batch: Arc<BatchInner>,
+        slices: usize,
+        transport: usize,
+        write: bool,
+    ) -> Self {
+        Self {
+            parts,
+            end,
+            batch,
+            slices_left: AtomicUsize::new(slices),
+            slices: AtomicUsize::new(slices),
+            transport,
+            write,
+            troubled: AtomicBool::new(false),
+            trouble: Mutex::default(),
+        }
+    }
+
+    /// A slice of the run is about to be cut into `more` more pieces: counted before any
+    /// of them can let go (the slice itself has not).
+    pub(super) fn add_slices(&self, more: usize) {
+        self.slices_left.fetch_add(more, Ordering::AcqRel);
+        self.slices.fetch_add(more, Ordering::Relaxed);
+    }
+
+    /// A slice holding `tasks` (each with its bytes in the slice) let go as `how`; the
+    /// slice has let go of its submission already, so the last one to let go knows every
+    /// slice's hold on the pin is gone, and ends the run.
+    pub(super) fn let_go(
+        &self,
+        how: Letting,
+        len: usize,
+        tasks: impl Iterator<Item = (usize, u64)>,
+    ) {
+        match how {
+            Letting::Moved => {}
+            Letting::MovedByOther => {
+                let mut trouble = self.trouble.lock();
+                trouble.other_bytes += len as u64;
+                trouble.other_slices += 1;
+                self.troubled.store(true, Ordering::Release);
+            }
+            Letting::Unmoved => {
+                let mut trouble = self.trouble.lock();
+                trouble
+                    .unmoved
+                    .extend(tasks.map(|(task, bytes)| (task as u32, bytes)));
+                trouble.unmoved_slices += 1;
+                self.troubled.store(true, Ordering::Release);
+            }
+        }
+        self.slice_let_go();
+    }
+
+    /// [`let_go`](Self::let_go) for a slice its first transport moved: the common case.
+    #[inline(always)]
+    pub(super) fn slice_let_go(&self) {
+        if self.slices_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.end_tasks();
+        }
+    }
+
+    /// Every slice has let go: each task gets the run as its one slice, with the bytes of
+    /// it that moved. The tally counts the run's bytes and slices before any task shows
+    /// finished, so whoever sees the batch done sees them counted.
+    #[inline(never)]
+    fn end_tasks(&self) {
+        let batch = &self.batch;
+        let mut trouble = if self.troubled.load(Ordering::Acquire) {
+            std::mem::take(&mut *self.trouble.lock())
+        } else {
+            Trouble::default()
+        };
+        trouble.unmoved.sort_unstable_by_key(|&(task, _)| task);
+        let timed = batch.timer.is_some();
+        let Some(first) = self.parts.first() else {
+            return;
+        };
+        if timed {
+            let unmoved: u64 = trouble.unmoved.iter().map(|&(_, bytes)| bytes).sum();
+            let bytes = (self.end - first.start) as u64;
+            let slices = self.slices.load(Ordering::Relaxed) as u64;
+            batch.tasks.record_run(|tally| {
+                tally.moved(
+                    self.transport,
+                    bytes.saturating_sub(unmoved + trouble.other_bytes),
+                    slices.saturating_sub(trouble.unmoved_slices + trouble.other_slices),
+                );
+            });
+        }
+        let ended_ns = batch.ended_ns();
+        let mut finished = 0;
+        // Completed tasks of one length in a row, for the latency histogram: a run's
+        // requests are mostly of one length (a cache's pages), so mostly one entry.
+        let (mut alike, mut more_alike) = ((0u64, 0u64), Vec::new());
+        let part_ends = self.parts[1..]
+            .iter()
+            .map(|next| next.start)
+            .chain(std::iter::once(self.end));
+        for (part, part_end) in self.parts.iter().zip(part_ends) {
+            let len = (part_end - part.start) as u64;
+            let moved = if trouble.unmoved.is_empty() {
+                len
+            } else {
+                len.saturating_sub(trouble.unmoved_of(part.task))
+            };
+            match batch.release_run_task(part.task as usize, moved, ended_ns) {
+                RunRelease::Completed => {
+                    finished += 1;
+                    if alike.0 == len {
+                        alike.1 += 1;
+                    } else {
+                        if alike.1 > 0 {
+                            more_alike.push(alike);
+                        }
+                        alike = (len, 1);
+                    }
+                }
+                RunRelease::Settled => finished += 1,
+                RunRelease::Nothing => {}
+            }
+        }
+        if timed && alike.1 > 0 {
+            let took_ns = ended_ns.saturating_sub(batch.tasks.started_ns(first.task as usize));
+            let (bucket, _, _) = bucket_of(took_ns);
+            batch.tasks.record_run(|tally| {
+                for &(len, count) in more_alike.iter().chain([&alike]) {
+                    tally.took(
+                        self.write,
+                        len,
+                        bucket,
+                        count,
+                        took_ns.saturating_mul(count),
+                    );
+                }
+            });
+        }
+        batch.finished_many(finished);
+    }
 }
 
 /// The index of the part of `parts` holding `addr`, searching from `parts[from]` on (a part
@@ -52,34 +266,23 @@ impl Iterator for SliceTasks<'_> {
 }
 
 impl Slice {
-    /// The one task this slice carries bytes of, if it carries bytes of one only: a slice of
-    /// one request, or a slice of a merged run that lies inside one request's part.
-    pub(super) fn only_task(&self) -> Option<usize> {
-        let Some(parts) = self.run.as_deref() else {
-            return Some(self.task as usize);
-        };
-        let first = self.task as usize;
-        let end = self.local_addr.saturating_add(self.len);
-        match parts.get(first..)? {
-            [part] => Some(part.task as usize),
-            [part, next, ..] if next.start >= end => Some(part.task as usize),
-            _ => None,
-        }
-    }
-
     /// The tasks this slice carries bytes of, each with how many.
     pub(super) fn tasks(&self) -> SliceTasks<'_> {
-        let Some(parts) = self.run.as_deref() else {
-            return SliceTasks {
+        match self.run.as_deref() {
+            None => SliceTasks {
                 parts: &[],
                 at: 0,
                 end: 0,
                 only: Some((self.task as usize, self.len as u64)),
-            };
-        };
-        let first = self.task as usize;
+            },
+            Some(run) => self.tasks_in(run),
+        }
+    }
+
+    /// [`tasks`](Self::tasks), for a slice of `run` (taken out of the slice, say).
+    pub(super) fn tasks_in<'a>(&self, run: &'a Run) -> SliceTasks<'a> {
         SliceTasks {
-            parts: parts.get(first..).unwrap_or_default(),
+            parts: run.parts.get(self.task as usize..).unwrap_or_default(),
             at: self.local_addr,
             end: self.local_addr.saturating_add(self.len),
             only: None,

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tern_memreg::{Pinned, RegionPin};
 
-use super::run::{TaskPart, part_holding};
+use super::run::{Run, part_holding};
 use super::segment::PeerSegment;
 use super::submission::Submission;
 use crate::error::TransferError;
@@ -12,9 +12,10 @@ use crate::types::Opcode;
 
 /// One piece of a task, or of a run of neighbouring requests merged at submit: a contiguous
 /// range moved in one operation. A slice of a run carries bytes of every task whose request
-/// it overlaps, and reports to each of them for its part: its bytes credit each task with
-/// what it holds of it, its failure fails exactly those tasks. Dropping it without a report
-/// fails its tasks, so a transport can never leave a task hanging.
+/// it overlaps: its failure fails exactly those tasks at once, and the bytes it moved count
+/// for each of them when the run ends (once all its slices have let go, the run's tasks
+/// end together). Dropping it without a report fails its tasks, so a transport can never
+/// leave a task hanging.
 #[derive(Debug)]
 pub struct Slice {
     /// Local start address (inside [`local`](Slice::local)).
@@ -30,8 +31,8 @@ pub struct Slice {
     /// Which of the submission's routes carries it now.
     pub(super) rank: u8,
     pub(super) submission: Option<Arc<Submission>>,
-    /// The parts of the merged run the slice was cut from, in address order.
-    pub(super) run: Option<Arc<[TaskPart]>>,
+    /// The merged run the slice was cut from.
+    pub(super) run: Option<Arc<Run>>,
 }
 
 impl Slice {
@@ -56,11 +57,11 @@ impl Slice {
     }
 
     /// A slice of a merged run: it carries bytes of the tasks of `run` it overlaps, from
-    /// `run[first_part]` on (the part holding `local_addr`).
+    /// its part `first_part` on (the part holding `local_addr`).
     pub(crate) fn of_run(
         submission: Arc<Submission>,
         opcode: Opcode,
-        run: Arc<[TaskPart]>,
+        run: Arc<Run>,
         first_part: usize,
         local_addr: usize,
         len: usize,
@@ -83,7 +84,7 @@ impl Slice {
         let local_addr = self.local_addr + offset;
         let task = match self.run.as_deref() {
             None => self.task,
-            Some(parts) => part_holding(parts, self.task as usize, local_addr) as u32,
+            Some(run) => part_holding(&run.parts, self.task as usize, local_addr) as u32,
         };
         Slice {
             local_addr,
