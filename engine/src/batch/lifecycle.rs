@@ -11,7 +11,7 @@ use super::hooks::Hooks;
 use super::table::TaskTable;
 use super::task::{
     COMPLETED, ENDED_SHIFT, FAILED, FIRST_MASK, FIRST_SHIFT, PENDING, PROGRESS_SHIFT, RUN_FLAG,
-    SETTLED, SLICES_MASK, WAITING, WRITE_FLAG, state_of,
+    SETTLED, SLICES_MASK, TaskState, WAITING, WRITE_FLAG, state_of,
 };
 use super::wait::Helpers;
 use crate::engine::EngineInner;
@@ -251,7 +251,12 @@ impl BatchInner {
     /// before.
     #[inline(always)]
     fn try_complete(&self, task: usize, ended_ns: u64) -> bool {
-        let t = &self.tasks[task];
+        Self::try_complete_state(&self.tasks[task], ended_ns)
+    }
+
+    /// [`try_complete`](Self::try_complete), for the task `t`.
+    #[inline(always)]
+    fn try_complete_state(t: &TaskState, ended_ns: u64) -> bool {
         let current = t.state.load(Ordering::SeqCst);
         if matches!(state_of(current), PENDING | WAITING) {
             let next = u64::from(COMPLETED)
@@ -394,7 +399,7 @@ impl BatchInner {
         let t = &self.tasks[task];
         t.progress
             .fetch_add((1 << PROGRESS_SHIFT) | moved, Ordering::SeqCst);
-        if self.try_complete(task, ended_ns) {
+        if Self::try_complete_state(t, ended_ns) {
             RunRelease::Completed
         } else if self.mark_settled(task) {
             RunRelease::Settled
