@@ -8,46 +8,43 @@
 
 use crate::types::Opcode;
 
-/// A checked request, as the planner sees it.
+/// A checked request, as the planner sees it: 40 bytes, so that a submit's list of them
+/// stays small to write and to sort.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Extent {
-    /// The peer, as the descriptor the request was checked against: requests checked against
-    /// two versions of one peer's descriptor (a re-fetch between them) never merge.
-    pub peer: usize,
-    pub opcode: Opcode,
     pub local: usize,
     pub remote: u64,
     pub len: usize,
-    /// Start of the registered local region holding `[local, local + len)`.
-    pub local_region: usize,
-    /// Start of the peer's buffer holding `[remote, remote + len)`.
-    pub remote_buffer: u64,
     /// The task (index in its batch).
     pub task: u32,
-    /// The submission (pin and peer) the request was checked with, an index the caller
-    /// keeps: a run uses its first request's, which covers the whole run.
+    /// The submission the request was checked with, an index the caller keeps: one pinned
+    /// local region and one peer, as the very descriptor the request was checked against
+    /// (requests checked against two versions of one peer's descriptor, a re-fetch between
+    /// them, never share one). A run uses its first request's, which covers the whole run.
     pub submission: u32,
+    /// The peer's buffer holding `[remote, remote + len)`, by its index in the descriptor.
+    pub buffer: u32,
+    pub opcode: Opcode,
 }
 
 impl Extent {
     /// The order in which neighbours sit next to each other; the task breaks ties, so that
     /// overlapping requests keep their submission order.
-    fn order(&self) -> (usize, bool, usize, u32) {
+    fn order(&self) -> (u32, bool, usize, u32) {
         (
-            self.peer,
+            self.submission,
             self.opcode == Opcode::Write,
             self.local,
             self.task,
         )
     }
 
-    /// Whether `next` starts where `self` ends, on both sides, going the same way: the two
-    /// can move as one range.
+    /// Whether `next` starts where `self` ends, on both sides, going the same way within
+    /// one local region and one of the peer's buffers: the two can move as one range.
     fn neighbours(&self, next: &Extent) -> bool {
-        self.peer == next.peer
+        self.submission == next.submission
+            && self.buffer == next.buffer
             && self.opcode == next.opcode
-            && self.local_region == next.local_region
-            && self.remote_buffer == next.remote_buffer
             && self.local.checked_add(self.len) == Some(next.local)
             && self.remote.checked_add(self.len as u64) == Some(next.remote)
     }
@@ -209,15 +206,13 @@ mod tests {
     /// Page `page` read from peer 1: local and remote both at `page × PAGE` from their base.
     fn page(task: u32, page: usize) -> Extent {
         Extent {
-            peer: 1,
-            opcode: Opcode::Read,
             local: LOCAL + page * PAGE,
             remote: REMOTE + (page * PAGE) as u64,
             len: PAGE,
-            local_region: LOCAL,
-            remote_buffer: REMOTE,
             task,
             submission: 0,
+            buffer: 0,
+            opcode: Opcode::Read,
         }
     }
 
@@ -277,8 +272,9 @@ mod tests {
 
     #[test]
     fn different_peers_or_opcodes_never_merge() {
+        // Another peer is another submission.
         let mut other_peer = page(1, 1);
-        other_peer.peer = 2;
+        other_peer.submission = 2;
         let mut write = page(2, 2);
         write.opcode = Opcode::Write;
         let extents = [page(0, 0), other_peer, write, page(3, 3)];
@@ -307,13 +303,14 @@ mod tests {
     #[test]
     fn a_run_never_crosses_a_local_region_or_a_remote_buffer() {
         // Page 2 is the first of another local region that starts right where the first
-        // ends; page 4 the first of another remote buffer likewise.
+        // ends (so of another submission); page 4 the first of another remote buffer
+        // likewise.
         let mut extents: Vec<_> = (0..6).map(|i| page(i, i as usize)).collect();
         for extent in &mut extents[2..] {
-            extent.local_region = LOCAL + 2 * PAGE;
+            extent.submission = 1;
         }
         for extent in &mut extents[4..] {
-            extent.remote_buffer = REMOTE + (4 * PAGE) as u64;
+            extent.buffer = 1;
         }
         assert_eq!(
             runs(&extents, true, u64::MAX),

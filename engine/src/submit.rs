@@ -239,22 +239,21 @@ impl TransferEngine {
         let (peer, routes) = peer.ok_or_else(|| self.inner.missing_segment(request.target))?;
         let buffers = &peer.desc.buffers;
         let (target, target_len) = (request.target_offset, len as u64);
-        // The last request's buffer first (a hint only: checked like any other), then all.
-        let buffer = match buffers.get(recent.buffer) {
-            Some(buffer) if buffer.contains(target, target_len) => buffer,
-            _ => {
-                let found = buffers
-                    .iter()
-                    .position(|b| b.contains(target, target_len))
-                    .ok_or_else(|| TransferError::TargetOutOfRange {
-                        segment: peer.name.clone(),
-                        addr: target,
-                        len,
-                    })?;
-                recent.buffer = found;
-                &buffers[found]
-            }
-        };
+        // The last request's buffer first (a hint only: checked like any other), then all;
+        // `recent.buffer` ends up the one holding the target.
+        let hinted = buffers
+            .get(recent.buffer)
+            .is_some_and(|buffer| buffer.contains(target, target_len));
+        if !hinted {
+            recent.buffer = buffers
+                .iter()
+                .position(|b| b.contains(target, target_len))
+                .ok_or_else(|| TransferError::TargetOutOfRange {
+                    segment: peer.name.clone(),
+                    addr: target,
+                    len,
+                })?;
+        }
         if routes.first().is_none() {
             return Err(TransferError::NoCommonTransport {
                 segment: peer.name.clone(),
@@ -292,14 +291,7 @@ impl TransferEngine {
                 submissions.len() - 1
             }
         };
-        Ok(checked_extent(
-            peer,
-            request,
-            &submissions[index],
-            buffer.addr,
-            task,
-            index,
-        ))
+        Ok(checked_extent(request, recent.buffer, task, index))
     }
 
     /// Starts the task of a run of one request that fits in one slice of its first
@@ -522,41 +514,37 @@ impl EngineInner {
     }
 }
 
-/// `request`, task `task` of its batch, checked: its target lies in the peer's buffer at
-/// `remote_buffer`, its source in `submission`'s region (the `index`th of the call's).
+/// `request`, task `task` of its batch, checked: its target lies in the peer's buffer
+/// `buffer`, its source in the region of the call's `submission`th submission.
 #[inline]
 fn checked_extent(
-    peer: &Arc<PeerSegment>,
     request: &TransferRequest,
-    submission: &Submission,
-    remote_buffer: u64,
+    buffer: usize,
     task: usize,
-    index: usize,
+    submission: usize,
 ) -> Extent {
     Extent {
-        peer: Arc::as_ptr(peer) as usize,
-        opcode: request.opcode,
         local: request.source,
         remote: request.target_offset,
         len: request.length,
-        local_region: submission.region().0,
-        remote_buffer,
         task: task as u32,
-        submission: index as u32,
+        submission: submission as u32,
+        buffer: buffer as u32,
+        opcode: request.opcode,
     }
 }
 
-/// Where a checked request went (the peer, by its ID and the very descriptor it was
-/// checked against; the peer's buffer; the submission's pinned region), kept as plain
-/// numbers: a request going the same way is checked in a few comparisons, without reaching
-/// through the peer's descriptor and the submission's pin again. Only the first request to
-/// a buffer or from a region takes the full [`check`](TransferEngine::check).
+/// Where a checked request went (the peer, by its ID; the peer's buffer; the submission's
+/// pinned region), kept as plain numbers: a request going the same way is checked in a few
+/// comparisons, without reaching through the peer's descriptor and the submission's pin
+/// again. Only the first request to a buffer or from a region takes the full
+/// [`check`](TransferEngine::check).
 struct Lane {
     target: SegmentId,
-    peer: usize,
-    /// The peer's buffer, `[remote_start, remote_end)`.
+    /// The peer's buffer, `[remote_start, remote_end)`, and its index in the descriptor.
     remote_start: u64,
     remote_end: u64,
+    buffer: u32,
     /// The submission's region, `[local_start, local_end)`.
     local_start: usize,
     local_end: usize,
@@ -567,13 +555,13 @@ impl Lane {
     /// The lane of `extent`, just checked against `peer` (which has a route): `None` where
     /// its buffer's end does not fit in 64 bits (no request can go there).
     fn of(extent: &Extent, peer: &Arc<PeerSegment>, recent: &Recent<'_>) -> Option<Self> {
-        let buffer = peer.desc.buffers.get(recent.buffer)?;
+        let buffer = peer.desc.buffers.get(extent.buffer as usize)?;
         let (local_start, local_len) = recent.submissions.get(extent.submission as usize)?.region();
         Some(Self {
             target: peer.id,
-            peer: extent.peer,
             remote_start: buffer.addr,
             remote_end: buffer.addr.checked_add(buffer.length)?,
+            buffer: extent.buffer,
             local_start,
             local_end: local_start.checked_add(local_len)?,
             submission: extent.submission,
@@ -598,15 +586,13 @@ impl Lane {
             return None;
         }
         Some(Extent {
-            peer: self.peer,
-            opcode: request.opcode,
             local: request.source,
             remote: request.target_offset,
             len,
-            local_region: self.local_start,
-            remote_buffer: self.remote_start,
             task: task as u32,
             submission: self.submission,
+            buffer: self.buffer,
+            opcode: request.opcode,
         })
     }
 }
