@@ -388,24 +388,34 @@ impl BatchInner {
         done == u64::from(t.slices_total.load(Ordering::SeqCst) & SLICES_MASK)
     }
 
-    /// The run `task` is one of has let go of all its slices, of which `moved` bytes were
-    /// the task's: counts the run as the task's one slice, and completes the task if nothing
-    /// ended it before (timed `ended_ns`), else settles it as it ended. Whichever it comes
-    /// to, the caller counts the task [`finished_many`](Self::finished_many) after (unless
-    /// [`RunRelease::Nothing`]): so that a run's tasks go down in the count together, after
-    /// the run's tally.
+    /// A merged run has let go of all its slices: each of its `tasks`, `(task, len, moved)`
+    /// with `moved` of its `len` bytes moved, gets the run as its one slice, and completes
+    /// if nothing ended it before (timed `ended_ns`; `completed` is told its length), else
+    /// settles as it ended. Returns how many finished, for the caller to count
+    /// [`finished_many`](Self::finished_many) after the run's tally.
     #[inline]
-    pub(crate) fn release_run_task(&self, task: usize, moved: u64, ended_ns: u64) -> RunRelease {
-        let t = &self.tasks[task];
-        t.progress
-            .fetch_add((1 << PROGRESS_SHIFT) | moved, Ordering::SeqCst);
-        if Self::try_complete_state(t, ended_ns) {
-            RunRelease::Completed
-        } else if self.mark_settled(task) {
-            RunRelease::Settled
-        } else {
-            RunRelease::Nothing
+    pub(crate) fn release_run_tasks(
+        &self,
+        tasks: impl Iterator<Item = (usize, u64, u64)>,
+        ended_ns: u64,
+        mut completed: impl FnMut(u64),
+    ) -> usize {
+        let table: &[TaskState] = &self.tasks;
+        let mut finished = 0;
+        for (task, len, moved) in tasks {
+            let Some(t) = table.get(task) else {
+                continue;
+            };
+            t.progress
+                .fetch_add((1 << PROGRESS_SHIFT) | moved, Ordering::SeqCst);
+            if Self::try_complete_state(t, ended_ns) {
+                finished += 1;
+                completed(len);
+            } else if self.mark_settled(task) {
+                finished += 1;
+            }
         }
+        finished
     }
 
     /// A slice of `task` with `bytes` that the task's first transport did not move (another
@@ -454,17 +464,6 @@ impl BatchInner {
         }
         Ok(())
     }
-}
-
-/// What [`BatchInner::release_run_task`] came to for a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RunRelease {
-    /// The task completed.
-    Completed,
-    /// The task had ended otherwise (failed, canceled, timed out), and settles now.
-    Settled,
-    /// Someone else settled it (it ended before the run started).
-    Nothing,
 }
 
 impl Drop for BatchInner {

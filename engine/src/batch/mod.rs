@@ -35,7 +35,7 @@ mod wait;
 
 pub use deadline::DRAIN;
 pub use handle::Batch;
-pub(crate) use lifecycle::{BatchInner, RunRelease};
+pub(crate) use lifecycle::BatchInner;
 pub(crate) use table::tally_tasks;
 pub(crate) use task::MAX_TASK_BYTES;
 pub(crate) use wait::Helpers;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::slice::Slice;
-use crate::batch::{BatchInner, RunRelease};
+use crate::batch::BatchInner;
 use crate::stats::bucket_of;
 
 /// One request's part of a merged run: its task, from its local start address up to the
@@ -175,37 +175,42 @@ impl Run {
             });
         }
         let ended_ns = batch.ended_ns();
-        let mut finished = 0;
         // Completed tasks of one length in a row, for the latency histogram: a run's
         // requests are mostly of one length (a cache's pages), so mostly one entry.
         let (mut alike, mut more_alike) = ((0u64, 0u64), Vec::new());
-        let part_ends = self.parts[1..]
-            .iter()
-            .map(|next| next.start)
-            .chain(std::iter::once(self.end));
-        for (part, part_end) in self.parts.iter().zip(part_ends) {
-            let len = (part_end - part.start) as u64;
-            let moved = if trouble.unmoved.is_empty() {
-                len
+        let mut completed = |len: u64| {
+            if alike.0 == len {
+                alike.1 += 1;
             } else {
-                len.saturating_sub(trouble.unmoved_of(part.task))
-            };
-            match batch.release_run_task(part.task as usize, moved, ended_ns) {
-                RunRelease::Completed => {
-                    finished += 1;
-                    if alike.0 == len {
-                        alike.1 += 1;
-                    } else {
-                        if alike.1 > 0 {
-                            more_alike.push(alike);
-                        }
-                        alike = (len, 1);
-                    }
+                if alike.1 > 0 {
+                    more_alike.push(alike);
                 }
-                RunRelease::Settled => finished += 1,
-                RunRelease::Nothing => {}
+                alike = (len, 1);
             }
-        }
+        };
+        // Last part first: each ends where the one after starts.
+        let mut part_end = self.end;
+        let parts = self.parts.iter().rev().map(|part| {
+            let len = (part_end - part.start) as u64;
+            part_end = part.start;
+            (part.task as usize, len)
+        });
+        let finished = if trouble.unmoved.is_empty() {
+            batch.release_run_tasks(
+                parts.map(|(task, len)| (task, len, len)),
+                ended_ns,
+                &mut completed,
+            )
+        } else {
+            let moved = |(task, len): (usize, u64)| {
+                (
+                    task,
+                    len,
+                    len.saturating_sub(trouble.unmoved_of(task as u32)),
+                )
+            };
+            batch.release_run_tasks(parts.map(moved), ended_ns, &mut completed)
+        };
         if timed && alike.1 > 0 {
             let took_ns = ended_ns.saturating_sub(batch.tasks.started_ns(first.task as usize));
             let (bucket, _, _) = bucket_of(took_ns);
