@@ -82,7 +82,9 @@ impl Slice {
                 (false, _) => Letting::Unmoved,
             };
             drop(submission);
-            return run.let_go(how, self.len, self.tasks_in(&run));
+            run.let_go(how, self.len, self.tasks_in(&run));
+            // The last slice to let go of the run ends its tasks.
+            return drop(run);
         }
         let (task, bytes) = (self.task as usize, self.len as u64);
         if !done || self.rank != 0 {
@@ -124,9 +126,10 @@ impl Slice {
                 }
                 Some(run) => {
                     std::mem::forget(self);
-                    // Its hold on the pin goes before the run counts it let go.
+                    // Its hold on the pin goes before its hold on the run, whose last
+                    // slice to let go ends the run's tasks.
                     drop(submission);
-                    run.slice_let_go();
+                    drop(run);
                 }
             }
             return;

@@ -4,7 +4,7 @@
 //! a slice holding its bytes failed (or it was canceled or timed out) meanwhile.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -29,17 +29,13 @@ pub(crate) struct Run {
     end: usize,
     /// The batch its tasks are in (held here once, not by each slice's report).
     batch: Arc<BatchInner>,
-    /// Slices not let go yet: the one that brings it to zero ends the run.
-    slices_left: AtomicUsize,
     /// Slices it was cut into, pieces included.
     slices: AtomicUsize,
     /// The transport its slices go to first, and whether it is a write: what the tally
     /// counts the run under.
     transport: usize,
     write: bool,
-    /// Whether a slice let go other than moved by the first transport: then `trouble` says
-    /// how.
-    troubled: AtomicBool,
+    /// What the slices that let go other than moved by the first transport left.
     trouble: Mutex<Trouble>,
 }
 
@@ -93,25 +89,21 @@ impl Run {
             parts,
             end,
             batch,
-            slices_left: AtomicUsize::new(slices),
             slices: AtomicUsize::new(slices),
             transport,
             write,
-            troubled: AtomicBool::new(false),
             trouble: Mutex::default(),
         }
     }
 
-    /// A slice of the run is about to be cut into `more` more pieces: counted before any
-    /// of them can let go (the slice itself has not).
+    /// A slice of the run is about to be cut into `more` more pieces.
     pub(super) fn add_slices(&self, more: usize) {
-        self.slices_left.fetch_add(more, Ordering::AcqRel);
         self.slices.fetch_add(more, Ordering::Relaxed);
     }
 
-    /// A slice holding `tasks` (each with its bytes in the slice) let go as `how`; the
-    /// slice has let go of its submission already, so the last one to let go knows every
-    /// slice's hold on the pin is gone, and ends the run.
+    /// A slice holding `tasks` (each with its bytes in the slice) let go as `how`, other
+    /// than moved by the first transport: recorded for the run's end. The slice lets go of
+    /// the run after.
     pub(super) fn let_go(
         &self,
         how: Letting,
@@ -124,7 +116,6 @@ impl Run {
                 let mut trouble = self.trouble.lock();
                 trouble.other_bytes += len as u64;
                 trouble.other_slices += 1;
-                self.troubled.store(true, Ordering::Release);
             }
             Letting::Unmoved => {
                 let mut trouble = self.trouble.lock();
@@ -132,17 +123,7 @@ impl Run {
                     .unmoved
                     .extend(tasks.map(|(task, bytes)| (task as u32, bytes)));
                 trouble.unmoved_slices += 1;
-                self.troubled.store(true, Ordering::Release);
             }
-        }
-        self.slice_let_go();
-    }
-
-    /// [`let_go`](Self::let_go) for a slice its first transport moved: the common case.
-    #[inline(always)]
-    pub(super) fn slice_let_go(&self) {
-        if self.slices_left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.end_tasks();
         }
     }
 
@@ -150,13 +131,9 @@ impl Run {
     /// it that moved. The tally counts the run's bytes and slices before any task shows
     /// finished, so whoever sees the batch done sees them counted.
     #[inline(never)]
-    fn end_tasks(&self) {
+    fn end_tasks(&mut self) {
+        let mut trouble = std::mem::take(self.trouble.get_mut());
         let batch = &self.batch;
-        let mut trouble = if self.troubled.load(Ordering::Acquire) {
-            std::mem::take(&mut *self.trouble.lock())
-        } else {
-            Trouble::default()
-        };
         trouble.unmoved.sort_unstable_by_key(|&(task, _)| task);
         let timed = batch.timer.is_some();
         let Some(first) = self.parts.first() else {
@@ -227,6 +204,14 @@ impl Run {
             });
         }
         batch.finished_many(finished);
+    }
+}
+
+/// The last slice of a run lets go of it: every slice has let go of its hold on the pin
+/// before (a slice lets go of its submission first), so the run's tasks end here.
+impl Drop for Run {
+    fn drop(&mut self) {
+        self.end_tasks();
     }
 }
 
