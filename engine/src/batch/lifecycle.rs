@@ -338,7 +338,7 @@ impl BatchInner {
 
     /// Fails `task` for a slice of it that failed (and lets go after this).
     pub(crate) fn fail_task(&self, task: usize, error: TransferError) {
-        let _ = self.tasks[task].error.set(Box::new(error));
+        self.tasks.set_error(task, error);
         self.end(task, FAILED);
     }
 

@@ -24,9 +24,8 @@ impl BatchInner {
             TIMEOUT => TransferStatus::Timeout,
             CANCELED => TransferStatus::Canceled,
             _ => TransferStatus::Failed(
-                t.error
-                    .get()
-                    .map(|error| TransferError::clone(error))
+                self.tasks
+                    .error(task)
                     .unwrap_or(TransferError::Dropped("no reason recorded".into())),
             ),
         };

@@ -1,6 +1,7 @@
 //! A batch's table of tasks, and the tally the engine reads off it while the batch lives and
 //! once more when it goes.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -9,6 +10,7 @@ use super::task::{
     COMPLETED, ENDED_SHIFT, FIRST_MASK, FIRST_SHIFT, MAX_TASK_BYTES, PROGRESS_SHIFT, RUN_FLAG,
     TaskState, WRITE_FLAG, state_of,
 };
+use crate::error::TransferError;
 use crate::stats::{Tally, bucket_of};
 
 /// A batch's tasks, and when each submit call started its tasks: what the engine's tally
@@ -25,6 +27,9 @@ pub(crate) struct TaskTable {
     /// `(first task, stats::clock_ns)` of each later submit call, in task order (timed
     /// batches only): one record per call, none per task.
     starts: Mutex<Vec<(usize, u64)>>,
+    /// Why tasks failed, by task: the first reason each got (few tasks fail; the table's
+    /// tasks hold none).
+    errors: Mutex<BTreeMap<usize, TransferError>>,
     /// What the merged runs that ended moved and took (timed batches only; none until the
     /// first ends): their tasks are read off the runs, not one by one.
     runs: Mutex<Option<Box<Tally>>>,
@@ -45,6 +50,7 @@ impl TaskTable {
             first_start: AtomicU64::new(0),
             starts: Mutex::default(),
             runs: Mutex::default(),
+            errors: Mutex::default(),
         }
     }
 
@@ -63,6 +69,16 @@ impl TaskTable {
 }
 
 impl TaskTable {
+    /// `task` failed for `error`, unless it had a reason already.
+    pub(crate) fn set_error(&self, task: usize, error: TransferError) {
+        self.errors.lock().entry(task).or_insert(error);
+    }
+
+    /// Why `task` failed, if it did.
+    pub(crate) fn error(&self, task: usize) -> Option<TransferError> {
+        self.errors.lock().get(&task).cloned()
+    }
+
     /// When the submit call that took `task` started (`crate::stats::clock_ns`; 0 if
     /// untimed).
     pub(crate) fn started_ns(&self, task: usize) -> u64 {

@@ -1,9 +1,6 @@
 //! One task's state: the words a slice and a status read touch, and how they are laid out.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-
-use crate::error::TransferError;
 
 pub(super) const WAITING: u8 = 0;
 pub(super) const PENDING: u8 = 1;
@@ -42,7 +39,9 @@ pub(super) fn state_of(word: u64) -> u8 {
     (word & STATE_MASK) as u8
 }
 
-/// One task, as its batch and the engine's tally ([`super::tally_tasks`]) read it.
+/// One task, as its batch and the engine's tally ([`super::tally_tasks`]) read it: plain
+/// atomics, nothing to drop, so that a batch sets up and lets go of its table as one block
+/// (the reason a task failed, which few have, is kept by the batch apart).
 #[derive(Debug, Default)]
 pub(crate) struct TaskState {
     /// See [`STATE_MASK`].
@@ -60,9 +59,6 @@ pub(crate) struct TaskState {
     /// A write some of whose bytes left without their landing being confirmed: they may
     /// still land at the peer after the task ended.
     pub(super) remote_may_change: AtomicBool,
-    /// Boxed: a batch sets up and lets go of a task per request, and the few that fail can
-    /// afford an allocation.
-    pub(super) error: OnceLock<Box<TransferError>>,
 }
 
 impl TaskState {
