@@ -414,6 +414,7 @@ impl TransferEngine {
                 }
             })
             .collect();
+        batch.tasks.count_run_tasks(parts.len());
         let shared = Arc::new(Run::new(
             parts,
             local + run_len,

@@ -2,7 +2,7 @@
 //! once more when it goes.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -27,6 +27,9 @@ pub(crate) struct TaskTable {
     /// `(first task, stats::clock_ns)` of each later submit call, in task order (timed
     /// batches only): one record per call, none per task.
     starts: Mutex<Vec<(usize, u64)>>,
+    /// Tasks started as tasks of merged runs, which the runs tally: when they are all the
+    /// table's, the tally need not walk it.
+    run_tasks: AtomicUsize,
     /// Why tasks failed, by task: the first reason each got (few tasks fail; the table's
     /// tasks hold none).
     errors: Mutex<BTreeMap<usize, TransferError>>,
@@ -50,6 +53,7 @@ impl TaskTable {
             first_start: AtomicU64::new(0),
             starts: Mutex::default(),
             runs: Mutex::default(),
+            run_tasks: AtomicUsize::new(0),
             errors: Mutex::default(),
         }
     }
@@ -69,6 +73,11 @@ impl TaskTable {
 }
 
 impl TaskTable {
+    /// `count` more tasks started as tasks of merged runs.
+    pub(crate) fn count_run_tasks(&self, count: usize) {
+        self.run_tasks.fetch_add(count, Ordering::Release);
+    }
+
     /// `task` failed for `error`, unless it had a reason already.
     pub(crate) fn set_error(&self, task: usize, error: TransferError) {
         self.errors.lock().entry(task).or_insert(error);
@@ -103,6 +112,17 @@ impl TaskTable {
 /// long those that completed took, to `tally`. A task moves once; read while it runs, it
 /// shows what it has moved so far.
 pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
+    let tasks: &[TaskState] = table;
+    if table.run_tasks.load(Ordering::Acquire) < tasks.len() {
+        tally_tasks_one_by_one(table, tally);
+    }
+    if let Some(runs) = &*table.runs.lock() {
+        tally.absorb(runs);
+    }
+}
+
+/// [`tally_tasks`] for the tasks that did not go in a merged run.
+fn tally_tasks_one_by_one(table: &TaskTable, tally: &mut Tally) {
     let starts = table.starts.lock();
     let tasks: &[TaskState] = table;
     // The tasks of each submit call, from the one that took task 0 on: a call's tasks share
@@ -117,10 +137,6 @@ pub(crate) fn tally_tasks(table: &TaskTable, tally: &mut Tally) {
     }
     sums.add(&tasks[from..], started_ns, tally);
     sums.flush(tally);
-    drop(starts);
-    if let Some(runs) = &*table.runs.lock() {
-        tally.absorb(runs);
-    }
 }
 
 /// What [`tally_tasks`] gathers before it adds to the tally: a batch's tasks mostly go to
