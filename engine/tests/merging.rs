@@ -458,3 +458,44 @@ fn a_slice_that_ends_many_tasks_completes_every_one_of_them_once() {
             .expect("no task left unfinished, none counted twice");
     }
 }
+
+#[test]
+fn a_batch_of_merged_runs_and_lone_requests_counts_each_slice_and_task_once() {
+    let (engine, transport) = holding::holding_engine();
+    let buffer = engine.allocate(64 << 10, "cpu:0").unwrap();
+    let target = (buffer.addr() + (32 << 10)) as u64;
+    // Four neighbours (one run of 4000 bytes: one slice), then two requests with gaps
+    // between them (a slice each).
+    let mut requests = holding::neighbours_last_first(buffer.addr(), target, 4, 1000);
+    for at in [8 << 10, 16 << 10] {
+        requests.push(TransferRequest::write(
+            buffer.addr() + at,
+            SegmentId::LOCAL,
+            target + at as u64,
+            3000,
+        ));
+    }
+    let batch = engine.allocate_batch(requests.len()).unwrap();
+    engine.submit(&batch, &requests).unwrap();
+    let slices = transport.take();
+    assert_eq!(
+        slices.len(),
+        3,
+        "one slice for the run, one per lone request"
+    );
+    for slice in slices {
+        slice.complete();
+    }
+    let status = batch.wait(Duration::from_secs(10));
+    assert_eq!(status.completed, 6);
+    let stats = engine.stats();
+    let hold = &stats.transports[0];
+    assert_eq!((hold.slices, hold.bytes), (3, 4000 + 2 * 3000));
+    let timed: u64 = stats.latency.iter().map(|l| l.count).sum();
+    assert_eq!(timed, 6, "each task timed once: {:?}", stats.latency);
+    engine.free_batch(&batch).unwrap();
+    drop(batch);
+    // Gone, the batch's tally joins the engine's totals once.
+    let hold = &engine.stats().transports[0];
+    assert_eq!((hold.slices, hold.bytes), (3, 10_000));
+}
