@@ -6,13 +6,15 @@
 //! `TERN_WAIT_SPIN_US=0`, so waits sleep instead of spinning a varying number of times);
 //! `TERN_METRICS=0` shows what the engine's counting and timing cost.
 //!
-//! `slice_cost BATCHES [PER_BATCH] [contiguous|gaps|runs|pages|long] [threaded|instant]`:
+//! `slice_cost BATCHES [PER_BATCH] [contiguous|gaps|runs|pages|apart|long] [threaded|instant]`:
 //! - `PER_BATCH`: requests per batch, 128 by default, 1 for the cost of a lone request.
 //! - `contiguous` requests are neighbours both locally and remotely, so the engine merges
 //!   them into one run; `gaps` leaves 4 KiB between them, so each moves on its own; `runs`
 //!   submits contiguous requests in runs of 8 out of address order (runs 0, 5, 10, …, as
 //!   a serving stack hands over a layer's pages), which the engine puts in order and merges;
 //!   `pages` does the same with 16 KiB requests, four to a slice (a KV cache's pages);
+//!   `apart` too, with a page's gap after every run of 8, so that each run is merged on its
+//!   own (a serving stack's runs of pages from many layers: `tern-bench --page_order runs:8`);
 //!   `long` submits contiguous 16 KiB pages to a transport of 1 MiB slices, as the
 //!   same-host transport cuts them: 64 pages to a slice.
 //! - `threaded` completes slices on another thread, as real transports do; `instant`
@@ -43,13 +45,16 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(MAX_PER_BATCH)
         .clamp(1, MAX_PER_BATCH);
-    let (len, gap, in_runs, slice) = match args.get(2).map(String::as_str) {
-        None | Some("contiguous") => (LEN, 0, false, LEN),
-        Some("gaps") => (LEN, 4 << 10, false, LEN),
-        Some("runs") => (LEN, 0, true, LEN),
-        Some("pages") => (PAGE, 0, true, LEN),
-        Some("long") => (PAGE, 0, false, LONG_SLICE),
-        Some(other) => panic!("layout {other}: contiguous, gaps, runs, pages or long"),
+    // (request length, gap after each request, gap after each run of `RUN`, runs out of
+    // order, the transport's slice)
+    let (len, gap, run_gap, in_runs, slice) = match args.get(2).map(String::as_str) {
+        None | Some("contiguous") => (LEN, 0, 0, false, LEN),
+        Some("gaps") => (LEN, 4 << 10, 0, false, LEN),
+        Some("runs") => (LEN, 0, 0, true, LEN),
+        Some("pages") => (PAGE, 0, 0, true, LEN),
+        Some("apart") => (PAGE, 0, PAGE, true, LEN),
+        Some("long") => (PAGE, 0, 0, false, LONG_SLICE),
+        Some(other) => panic!("layout {other}: contiguous, gaps, runs, pages, apart or long"),
     };
     let transport = match args.get(3).map(String::as_str) {
         None | Some("threaded") => ThreadedTransport::new(slice),
@@ -62,7 +67,8 @@ fn main() {
         .build()
         .expect("engine");
     let stride = len + gap;
-    let half = MAX_PER_BATCH * stride;
+    let at = |i: usize| i * stride + i / RUN * run_gap;
+    let half = at(MAX_PER_BATCH);
     let buffer = engine.allocate(2 * half, "cpu:0").expect("buffer");
     let runs = per_batch.div_ceil(RUN);
     let requests: Vec<TransferRequest> = (0..per_batch)
@@ -76,9 +82,9 @@ fn main() {
                 n
             };
             TransferRequest::write(
-                buffer.addr() + i * stride,
+                buffer.addr() + at(i),
                 SegmentId::LOCAL,
-                (buffer.addr() + half + i * stride) as u64,
+                (buffer.addr() + half + at(i)) as u64,
                 len,
             )
         })

@@ -11,15 +11,18 @@ use tern_memreg::MemoryRegistry;
 use crate::client::{self, Links, Reach};
 
 /// Moves the slices of one job (a submit, or part of one), on a copy thread or a waiter.
-pub(crate) fn run(slices: Vec<Slice>, links: &Links) {
-    let mut rest = slices.into_iter().peekable();
-    while let Some(first) = rest.next() {
-        // The slices of one peer, in order: a submit usually has one.
-        let peer = first.peer().clone();
-        let mut group = vec![first];
-        while let Some(next) = rest.next_if(|s| Arc::ptr_eq(s.peer(), &peer)) {
-            group.push(next);
-        }
+pub(crate) fn run(mut slices: Vec<Slice>, links: &Links) {
+    while !slices.is_empty() {
+        // The slices of one peer, in order: a submit usually has one, and then the job's
+        // list is the group, with no list of its own to allocate (a copy thread frees what
+        // a waiter allocates, and the allocator's lock between them costs a waiter a sleep).
+        let peer = slices[0].peer().clone();
+        let same = slices
+            .iter()
+            .position(|s| !Arc::ptr_eq(s.peer(), &peer))
+            .unwrap_or(slices.len());
+        let rest = slices.split_off(same);
+        let group = std::mem::replace(&mut slices, rest);
         if peer.id == SegmentId::LOCAL {
             local(group, links.registry());
             continue;

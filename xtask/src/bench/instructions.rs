@@ -54,10 +54,11 @@ pub(super) fn instructions_per_request() {
         (128, "gaps", 20, 120),
         (128, "runs", 20, 120),
         (128, "pages", 20, 120),
+        (128, "apart", 20, 120),
         (128, "long", 20, 120),
     ];
     println!(
-        "\nEngine instructions per request, 64 KiB (`pages`, `long`: 16 KiB) (callgrind, with metrics / without):\n\n| batch | layout | transport completing on another thread | transport completing in submit |\n|---|---|---|---|"
+        "\nEngine instructions per request, 64 KiB (`pages`, `apart`, `long`: 16 KiB) (callgrind, with metrics / without):\n\n| batch | layout | transport completing on another thread | transport completing in submit |\n|---|---|---|---|"
     );
     for (per_batch, layout, short, long) in cases {
         let per_request = |transport: &str, metrics: &str| {
