@@ -11,7 +11,7 @@ use crate::batch::{Batch, BatchInner, MAX_TASK_BYTES};
 use crate::engine::{EngineInner, TransferEngine};
 use crate::error::{EngineError, TransferError};
 use crate::merge::{Extent, PlanRoom, plan};
-use crate::transport::{PeerSegment, Routes, Run, Slice, Submission, TaskPart};
+use crate::transport::{Parts, PeerSegment, Routes, Run, Slice, Submission, TaskPart};
 use crate::types::{Opcode, SegmentId, TransferRequest, TransferStatus};
 
 /// How many of the submissions made lately in one submit call a request looks through for
@@ -126,7 +126,7 @@ impl TransferEngine {
         scratch: &mut Scratch,
     ) -> Result<(), EngineError> {
         let batch_inner = &batch.inner;
-        let first =
+        let (first, started_ns) =
             batch_inner.reserve_with_timeout(requests.len(), self.inner.transfer_timeout)?;
         // The peer of the request before, and its routes: a batch usually has one peer.
         let mut cached: Option<(Arc<PeerSegment>, Routes)> = None;
@@ -193,7 +193,7 @@ impl TransferEngine {
             plan_room,
             |run| match run {
                 [alone] if self.cut_alone(batch_inner, alone, submissions, groups, expected) => {}
-                _ => self.cut_run(batch_inner, run, submissions, groups, expected),
+                _ => self.cut_run(batch_inner, run, submissions, groups, expected, started_ns),
             },
         );
         batch_inner.publish(first + requests.len());
@@ -341,6 +341,7 @@ impl TransferEngine {
         submissions: &[Arc<Submission>],
         groups: &mut [Vec<Slice>],
         expected: usize,
+        started_ns: u64,
     ) {
         let Some(head) = run.first() else {
             return;
@@ -404,17 +405,16 @@ impl TransferEngine {
         }
         // Neighbours: one run, whose slices count down on it, not on each task. Each task
         // is started before any slice goes to a transport.
-        let parts: Box<[TaskPart]> = run
-            .iter()
-            .map(|extent| {
+        let parts = Parts::collect(run.len(), || {
+            run.iter().map(|extent| {
                 batch.start_run_task(extent.task as usize, opcode, transport_index);
                 TaskPart {
                     start: extent.local,
                     task: extent.task,
                 }
             })
-            .collect();
-        batch.tasks.count_run_tasks(parts.len());
+        });
+        batch.tasks.count_run_tasks(run.len());
         let shared = Arc::new(Run::new(
             parts,
             local + run_len,
@@ -422,6 +422,7 @@ impl TransferEngine {
             cuts.count(),
             transport_index,
             opcode == Opcode::Write,
+            started_ns,
         ));
         let mut part = 0;
         group.extend(cuts.pieces().map(|(offset, len)| {

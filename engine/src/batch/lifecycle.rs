@@ -114,17 +114,18 @@ impl BatchInner {
     /// Reserves `n` task slots; returns the first index.
     #[cfg(test)]
     pub(crate) fn reserve(&self, n: usize) -> Result<usize, EngineError> {
-        self.reserve_with_timeout(n, None)
+        self.reserve_with_timeout(n, None).map(|(first, _)| first)
     }
 
     /// Reserves `n` task slots, and gives the batch a deadline `timeout` from now unless it
-    /// has one; returns the first index. One clock reading serves the deadline and the
-    /// tasks' start.
+    /// has one; returns the first index, and when the tasks started (`stats::clock_ns`, for
+    /// timing them; 0 when untimed). One clock reading serves the deadline and the tasks'
+    /// start.
     pub(crate) fn reserve_with_timeout(
         &self,
         n: usize,
         timeout: Option<Duration>,
-    ) -> Result<usize, EngineError> {
+    ) -> Result<(usize, u64), EngineError> {
         if self.freed.load(Ordering::Acquire) {
             return Err(EngineError::BatchFreed);
         }
@@ -139,9 +140,11 @@ impl BatchInner {
                 room: capacity - used,
                 requested: n,
             })?;
+        let mut started_ns = 0;
         if self.timer.is_some() || timeout.is_some() {
             let now = clock_ns();
             if self.timer.is_some() {
+                started_ns = now;
                 // The tasks' start, one record for the call: a task stores nothing for
                 // metrics. The tasks start after this returns, so a reader that sees them
                 // started sees the record too.
@@ -153,7 +156,7 @@ impl BatchInner {
             }
         }
         self.unfinished.fetch_add(n, Ordering::SeqCst);
-        Ok(first)
+        Ok((first, started_ns))
     }
 
     /// Marks reserved slots as visible to status readers, after their state is set.

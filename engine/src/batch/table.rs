@@ -88,17 +88,6 @@ impl TaskTable {
         self.errors.lock().get(&task).cloned()
     }
 
-    /// When the submit call that took `task` started (`crate::stats::clock_ns`; 0 if
-    /// untimed).
-    pub(crate) fn started_ns(&self, task: usize) -> u64 {
-        let starts = self.starts.lock();
-        let later = starts.partition_point(|&(first, _)| first <= task);
-        match later.checked_sub(1) {
-            Some(call) => starts[call].1,
-            None => self.first_start.load(Ordering::Acquire),
-        }
-    }
-
     /// Adds to the tally of the batch's merged runs, with `record` (under its lock: the
     /// run's tasks complete inside it, so that a tally read after they show completed
     /// holds them).

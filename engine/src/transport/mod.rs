@@ -28,7 +28,7 @@ pub use context::TransportContext;
 pub use contract::Transport;
 pub use error::TransportError;
 pub(crate) use routes::Routes;
-pub(crate) use run::{Run, TaskPart};
+pub(crate) use run::{Parts, Run, TaskPart};
 pub use segment::{PeerSegment, keyless_buffer};
 pub use slice::Slice;
 pub use submission::Submission;

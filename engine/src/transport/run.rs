@@ -20,11 +20,58 @@ pub(crate) struct TaskPart {
     pub(crate) task: u32,
 }
 
+/// How many parts a run keeps in itself, rather than in an allocation of their own: the
+/// runs of a few pages a serving stack's layers make then cost one allocation each.
+const FEW_PARTS: usize = 16;
+
+/// A run's parts, in address order.
+#[derive(Debug)]
+pub(crate) enum Parts {
+    Few {
+        parts: [TaskPart; FEW_PARTS],
+        len: usize,
+    },
+    Many(Box<[TaskPart]>),
+}
+
+impl Parts {
+    /// The `len` parts `parts()` yields.
+    pub(crate) fn collect<I: Iterator<Item = TaskPart>>(
+        len: usize,
+        parts: impl FnOnce() -> I,
+    ) -> Self {
+        if len > FEW_PARTS {
+            return Self::Many(parts().collect());
+        }
+        let mut few = [TaskPart { start: 0, task: 0 }; FEW_PARTS];
+        let mut count = 0;
+        for (slot, part) in few.iter_mut().zip(parts()) {
+            *slot = part;
+            count += 1;
+        }
+        Self::Few {
+            parts: few,
+            len: count,
+        }
+    }
+}
+
+impl std::ops::Deref for Parts {
+    type Target = [TaskPart];
+
+    fn deref(&self) -> &[TaskPart] {
+        match self {
+            Self::Few { parts, len } => parts.get(..*len).unwrap_or_default(),
+            Self::Many(parts) => parts,
+        }
+    }
+}
+
 /// A merged run, shared by its slices.
 #[derive(Debug)]
 pub(crate) struct Run {
     /// The requests' parts, in address order.
-    pub(super) parts: Box<[TaskPart]>,
+    pub(super) parts: Parts,
     /// Where the run ends locally.
     end: usize,
     /// The batch its tasks are in (held here once, not by each slice's report).
@@ -35,6 +82,8 @@ pub(crate) struct Run {
     /// counts the run under.
     transport: usize,
     write: bool,
+    /// When the submit call that made it started (`stats::clock_ns`): its tasks' start.
+    started_ns: u64,
     /// What the slices that let go other than moved by the first transport left.
     trouble: Mutex<Trouble>,
 }
@@ -76,14 +125,16 @@ pub(super) enum Letting {
 
 impl Run {
     /// A run of `parts` (the requests' tasks and starts, in address order), ending at `end`,
-    /// cut into `slices` slices that go to `transport` first.
+    /// cut into `slices` slices that go to `transport` first, by a submit call that started
+    /// at `started_ns`.
     pub(crate) fn new(
-        parts: Box<[TaskPart]>,
+        parts: Parts,
         end: usize,
         batch: Arc<BatchInner>,
         slices: usize,
         transport: usize,
         write: bool,
+        started_ns: u64,
     ) -> Self {
         Self {
             parts,
@@ -92,6 +143,7 @@ impl Run {
             slices: AtomicUsize::new(slices),
             transport,
             write,
+            started_ns,
             trouble: Mutex::default(),
         }
     }
@@ -128,43 +180,73 @@ impl Run {
     }
 
     /// Every slice has let go: each task gets the run as its one slice, with the bytes of
-    /// it that moved. The tally counts the run's bytes and slices before any task shows
-    /// finished, so whoever sees the batch done sees them counted.
+    /// it that moved. With metrics on, the run's bytes, slices and its tasks' times are
+    /// recorded under the lock a tally reads them with, before any task is counted
+    /// finished: whoever sees the batch done, or reads a tally after seeing a task end,
+    /// sees them.
     #[inline(never)]
     fn end_tasks(&mut self) {
         let mut trouble = std::mem::take(self.trouble.get_mut());
-        let batch = &self.batch;
-        trouble.unmoved.sort_unstable_by_key(|&(task, _)| task);
-        let timed = batch.timer.is_some();
+        if !trouble.unmoved.is_empty() {
+            trouble.unmoved.sort_unstable_by_key(|&(task, _)| task);
+        }
         let Some(first) = self.parts.first() else {
             return;
         };
-        if timed {
-            let unmoved: u64 = trouble.unmoved.iter().map(|&(_, bytes)| bytes).sum();
-            let bytes = (self.end - first.start) as u64;
-            let slices = self.slices.load(Ordering::Relaxed) as u64;
-            batch.tasks.record_run(|tally| {
-                tally.moved(
-                    self.transport,
-                    bytes.saturating_sub(unmoved + trouble.other_bytes),
-                    slices.saturating_sub(trouble.unmoved_slices + trouble.other_slices),
-                );
-            });
-        }
+        let batch = &self.batch;
         let ended_ns = batch.ended_ns();
-        // Completed tasks of one length in a row, for the latency histogram: a run's
-        // requests are mostly of one length (a cache's pages), so mostly one entry.
-        let (mut alike, mut more_alike) = ((0u64, 0u64), Vec::new());
-        let mut completed = |len: u64| {
-            if alike.0 == len {
-                alike.1 += 1;
-            } else {
+        let finished = if batch.timer.is_none() {
+            self.release(&trouble, ended_ns, |_| {})
+        } else {
+            let unmoved: u64 = trouble.unmoved.iter().map(|&(_, bytes)| bytes).sum();
+            let bytes =
+                ((self.end - first.start) as u64).saturating_sub(unmoved + trouble.other_bytes);
+            let slices = (self.slices.load(Ordering::Relaxed) as u64)
+                .saturating_sub(trouble.unmoved_slices + trouble.other_slices);
+            let took_ns = ended_ns.saturating_sub(self.started_ns);
+            let (bucket, _, _) = bucket_of(took_ns);
+            let (transport, write) = (self.transport, self.write);
+            batch.tasks.record_run(|tally| {
+                tally.moved(transport, bytes, slices);
+                // Completed tasks of one length in a row are recorded together: a run's
+                // requests are mostly of one length (a cache's pages).
+                let mut alike = (0u64, 0u64);
+                let finished = self.release(&trouble, ended_ns, |len| {
+                    if alike.0 != len {
+                        if alike.1 > 0 {
+                            tally.took(
+                                write,
+                                alike.0,
+                                bucket,
+                                alike.1,
+                                took_ns.saturating_mul(alike.1),
+                            );
+                        }
+                        alike = (len, 0);
+                    }
+                    alike.1 += 1;
+                });
                 if alike.1 > 0 {
-                    more_alike.push(alike);
+                    tally.took(
+                        write,
+                        alike.0,
+                        bucket,
+                        alike.1,
+                        took_ns.saturating_mul(alike.1),
+                    );
                 }
-                alike = (len, 1);
-            }
+                finished
+            })
         };
+        batch.finished_many(finished);
+    }
+}
+
+impl Run {
+    /// Gives each task the run as its one slice, with the bytes of it `trouble` does not
+    /// say went unmoved; `completed` is told the length of each that completed. Returns
+    /// how many finished.
+    fn release(&self, trouble: &Trouble, ended_ns: u64, completed: impl FnMut(u64)) -> usize {
         // Last part first: each ends where the one after starts.
         let mut part_end = self.end;
         let parts = self.parts.iter().rev().map(|part| {
@@ -172,38 +254,17 @@ impl Run {
             part_end = part.start;
             (part.task as usize, len)
         });
-        let finished = if trouble.unmoved.is_empty() {
-            batch.release_run_tasks(
-                parts.map(|(task, len)| (task, len, len)),
-                ended_ns,
-                &mut completed,
-            )
+        if trouble.unmoved.is_empty() {
+            let all_moved = parts.map(|(task, len)| (task, len, len));
+            self.batch.release_run_tasks(all_moved, ended_ns, completed)
         } else {
             let moved = |(task, len): (usize, u64)| {
-                (
-                    task,
-                    len,
-                    len.saturating_sub(trouble.unmoved_of(task as u32)),
-                )
+                let unmoved = trouble.unmoved_of(task as u32);
+                (task, len, len.saturating_sub(unmoved))
             };
-            batch.release_run_tasks(parts.map(moved), ended_ns, &mut completed)
-        };
-        if timed && alike.1 > 0 {
-            let took_ns = ended_ns.saturating_sub(batch.tasks.started_ns(first.task as usize));
-            let (bucket, _, _) = bucket_of(took_ns);
-            batch.tasks.record_run(|tally| {
-                for &(len, count) in more_alike.iter().chain([&alike]) {
-                    tally.took(
-                        self.write,
-                        len,
-                        bucket,
-                        count,
-                        took_ns.saturating_mul(count),
-                    );
-                }
-            });
+            self.batch
+                .release_run_tasks(parts.map(moved), ended_ns, completed)
         }
-        batch.finished_many(finished);
     }
 }
 
