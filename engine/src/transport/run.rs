@@ -26,6 +26,10 @@ const FEW_PARTS: usize = 16;
 
 /// A run's parts, in address order.
 #[derive(Debug)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "the few parts are kept in the run's own allocation on purpose"
+)]
 pub(crate) enum Parts {
     Few {
         parts: [TaskPart; FEW_PARTS],
