@@ -139,21 +139,33 @@ pub(crate) fn plan(
     }
     // Orders are unique (the task breaks ties), so an unstable sort orders as a stable one.
     heads.sort_unstable_by_key(|head| extents[head.start as usize].order());
-    ordered.clear();
-    ordered.reserve(extents.len());
-    let mut run_start = 0;
-    for head in heads.iter() {
-        let run = run_of(head);
-        // In address order, a run may now continue the one put before it.
-        if let (Some(before), Some(first)) = (ordered.last(), run.first())
-            && !before.neighbours(first)
-        {
-            capped(&ordered[run_start..], max_run, &mut each_run);
-            run_start = ordered.len();
+    // In address order, a run may now continue the one put before it: those that join are
+    // copied together into `ordered`; one that joins none is handed on where it is.
+    let joins = |before: &Head, after: &Head| {
+        let (before, after) = (run_of(before), run_of(after));
+        before
+            .last()
+            .zip(after.first())
+            .is_some_and(|(last, first)| last.neighbours(first))
+    };
+    let mut rest = heads.as_slice();
+    while !rest.is_empty() {
+        let joined = 1 + rest
+            .windows(2)
+            .take_while(|pair| joins(&pair[0], &pair[1]))
+            .count();
+        let group;
+        (group, rest) = rest.split_at(joined);
+        if let [alone] = group {
+            capped(run_of(alone), max_run, &mut each_run);
+        } else {
+            ordered.clear();
+            for head in group {
+                ordered.extend_from_slice(run_of(head));
+            }
+            capped(ordered, max_run, &mut each_run);
         }
-        ordered.extend_from_slice(run);
     }
-    capped(&ordered[run_start..], max_run, &mut each_run);
 }
 
 /// Hands `each_run` a run of neighbours, cut where it would pass `max_run` bytes (a request

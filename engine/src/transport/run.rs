@@ -22,7 +22,7 @@ pub(crate) struct TaskPart {
 
 /// How many parts a run keeps in itself, rather than in an allocation of their own: the
 /// runs of a few pages a serving stack's layers make then cost one allocation each.
-const FEW_PARTS: usize = 16;
+const FEW_PARTS: usize = 8;
 
 /// A run's parts, in address order.
 #[derive(Debug)]
