@@ -144,12 +144,16 @@ impl TransferEngine {
         // Where the request before went, in locals: the next is most likely to go there too.
         let mut lane: Option<Lane> = None;
         extents.reserve(requests.len());
-        for (i, request) in requests.iter().enumerate() {
-            let task = first + i;
-            if let Some(extent) = lane.as_ref().and_then(|lane| lane.extent(request, task)) {
-                extents.push(extent);
-                continue;
+        let mut i = 0;
+        while i < requests.len() {
+            if let Some(lane) = &lane {
+                i += lane.take(&requests[i..], first + i, extents);
             }
+            let Some(request) = requests.get(i) else {
+                break;
+            };
+            let task = first + i;
+            i += 1;
             if cached
                 .as_ref()
                 .is_none_or(|(peer, _)| peer.id != request.target)
@@ -173,7 +177,7 @@ impl TransferEngine {
             }
             match checked {
                 Ok(extent) => {
-                    if i + 1 < requests.len() {
+                    if i < requests.len() {
                         lane = cached
                             .as_ref()
                             .and_then(|(peer, _)| Lane::of(&extent, peer, &recent));
@@ -568,6 +572,27 @@ impl Lane {
             local_end: local_start.checked_add(local_len)?,
             submission: extent.submission,
         })
+    }
+
+    /// Checks the first of `requests` (tasks from `first_task` on) that go this way, and
+    /// pushes their extents; returns how many. Apart from the submit loop, in a loop of its
+    /// own: the lane's bounds stay in registers.
+    #[inline(never)]
+    fn take(
+        &self,
+        requests: &[TransferRequest],
+        first_task: usize,
+        extents: &mut Vec<Extent>,
+    ) -> usize {
+        let mut taken = 0;
+        for request in requests {
+            let Some(extent) = self.extent(request, first_task + taken) else {
+                break;
+            };
+            extents.push(extent);
+            taken += 1;
+        }
+        taken
     }
 
     /// `request`, task `task`, checked: its extent if it goes this way (to this peer, into
