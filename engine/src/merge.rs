@@ -39,6 +39,15 @@ impl Extent {
         )
     }
 
+    /// [`order`](Self::order) in one number, compared in one go: the submission, whether
+    /// a write, the local address (below 2^63, as any a process can map) and the task.
+    fn sort_key(&self) -> u128 {
+        (u128::from(self.submission) << 96)
+            | (u128::from(self.opcode == Opcode::Write) << 95)
+            | ((self.local as u128 & (u64::MAX >> 1) as u128) << 32)
+            | u128::from(self.task)
+    }
+
     /// Whether `next` starts where `self` ends, on both sides, going the same way within
     /// one local region and one of the peer's buffers: the two can move as one range.
     fn neighbours(&self, next: &Extent) -> bool {
@@ -80,11 +89,13 @@ impl PlanRoom {
     }
 }
 
-/// A run of neighbours in submission order: where its requests sit among the extents.
+/// A run of neighbours in submission order: where its requests sit among the extents, and
+/// (once runs are to be put in order) its first request's [`Extent::sort_key`].
 #[derive(Debug, Clone, Copy)]
 struct Head {
     start: u32,
     end: u32,
+    key: u128,
 }
 
 /// Hands `each_run` the runs of `extents`: neighbours (same peer and opcode, contiguous both
@@ -122,6 +133,7 @@ pub(crate) fn plan(
             heads.push(Head {
                 start: start as u32,
                 end: i as u32 + 1,
+                key: 0,
             });
             start = i + 1;
         }
@@ -129,6 +141,7 @@ pub(crate) fn plan(
     heads.push(Head {
         start: start as u32,
         end: extents.len() as u32,
+        key: 0,
     });
     let run_of = |head: &Head| &extents[head.start as usize..head.end as usize];
     if in_order {
@@ -138,7 +151,10 @@ pub(crate) fn plan(
         return;
     }
     // Orders are unique (the task breaks ties), so an unstable sort orders as a stable one.
-    heads.sort_unstable_by_key(|head| extents[head.start as usize].order());
+    for head in heads.iter_mut() {
+        head.key = extents[head.start as usize].sort_key();
+    }
+    heads.sort_unstable_by_key(|head| head.key);
     // In address order, a run may now continue the one put before it: those that join are
     // copied together into `ordered`; one that joins none is handed on where it is.
     let joins = |before: &Head, after: &Head| {
