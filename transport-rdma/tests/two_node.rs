@@ -499,7 +499,14 @@ fn failover_when_a_link_goes_down_mid_transfer() {
     }
     let transport = both_nics();
     let stats = transport.clone();
-    let engine = node.engine(transport).build().unwrap();
+    // Each chunk its own task, as submitted: merged, the chunks would make one run whose
+    // tasks (and bytes) show only when the whole run ends, and progress is what this test
+    // waits for before it breaks the path.
+    let engine = node
+        .engine(transport)
+        .merge_requests(false)
+        .build()
+        .unwrap();
     let (peer, remote) = open_peer(&node, &engine);
     let source = engine.allocate(CHUNKS * MIB, "cpu:0").unwrap();
     pattern.fill(&source, CHUNKS);
@@ -707,7 +714,14 @@ fn a_killed_peer_fails_its_tasks_without_a_hang() {
     }
     let transport = both_nics();
     let stats = transport.clone();
-    let engine = node.engine(transport).build().unwrap();
+    // Each chunk its own task, as submitted: merged, the chunks would make one run whose
+    // tasks (and bytes) show only when the whole run ends, and progress is what this test
+    // waits for before it breaks the path.
+    let engine = node
+        .engine(transport)
+        .merge_requests(false)
+        .build()
+        .unwrap();
     let (peer, remote) = open_peer(&node, &engine);
     let source = engine.allocate(CHUNKS * MIB, "cpu:0").unwrap();
     let batch = engine.allocate_batch(CHUNKS).unwrap();
