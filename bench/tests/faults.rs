@@ -9,8 +9,8 @@ mod support;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::{Target, send_signal, target_byte};
@@ -24,10 +24,13 @@ use tern_transport_tcp::TcpTransport;
 
 const MIB: usize = 1 << 20;
 
+/// Each request its own task, as submitted: these tests count what each block did when a
+/// fault struck, and merged, a run's blocks would end together with the run.
 fn engine(metadata: &str) -> TransferEngine {
     TransferEngine::builder()
         .local_server_name("127.0.0.1")
         .metadata(metadata)
+        .merge_requests(false)
         .transport(TcpTransport::default())
         .build()
         .unwrap()
@@ -205,53 +208,102 @@ fn a_target_stopped_mid_batch_times_out_and_is_served_again_once_it_continues() 
 /// kernel send RST) and refuse new ones until it is healed.
 struct Relay {
     addr: SocketAddr,
-    cutting: Arc<AtomicBool>,
+    state: Arc<RelayState>,
     forwarded: Arc<AtomicU64>,
+}
+
+#[derive(Default)]
+struct RelayState {
+    /// Whether new connections are refused and relayed ones are to close.
+    cutting: AtomicBool,
+    /// Forwarding threads still running, two per relayed connection. Counted under `gate`
+    /// with the check of `cutting`, so that a cut sees every connection it must close.
+    forwarding: AtomicUsize,
+    gate: Mutex<()>,
 }
 
 impl Relay {
     fn start(target: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let cutting = Arc::new(AtomicBool::new(false));
+        let state = Arc::new(RelayState::default());
         let forwarded = Arc::new(AtomicU64::new(0));
-        let (cut, count) = (cutting.clone(), forwarded.clone());
+        let (relay, count) = (state.clone(), forwarded.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
-                if cut.load(Ordering::Acquire) {
-                    continue;
-                }
                 let Ok(upstream) = TcpStream::connect(target) else {
                     continue;
                 };
+                let _gate = relay.gate.lock().unwrap();
+                if relay.cutting.load(Ordering::Acquire) {
+                    continue;
+                }
                 for (from, to) in [
                     (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
                     (upstream, client),
                 ] {
-                    let (cut, count) = (cut.clone(), count.clone());
-                    std::thread::spawn(move || pipe(from, to, &cut, &count));
+                    let (relay, count) = (relay.clone(), count.clone());
+                    relay.forwarding.fetch_add(1, Ordering::AcqRel);
+                    std::thread::spawn(move || {
+                        pipe(from, to, &relay.cutting, &count);
+                        relay.forwarding.fetch_sub(1, Ordering::AcqRel);
+                    });
                 }
             }
         });
         Self {
             addr,
-            cutting,
+            state,
             forwarded,
         }
     }
+
+    /// Cuts every relayed connection and returns once all are closed, both directions: a
+    /// connection left forwarding one way only would swallow the replies of whatever used it
+    /// after a heal.
+    fn cut(&self) {
+        {
+            let _gate = self.state.gate.lock().unwrap();
+            self.state.cutting.store(true, Ordering::Release);
+        }
+        let started = Instant::now();
+        while self.state.forwarding.load(Ordering::Acquire) > 0 {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "relayed connections still open 30 s after the cut"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn heal(&self) {
+        self.state.cutting.store(false, Ordering::Release);
+    }
 }
 
-/// Copies `from` to `to` until either side closes or the relay cuts.
+/// Copies `from` to `to` until either side closes or the relay cuts (checked at least every
+/// 20 ms, also while `to` does not take the bytes).
 fn pipe(mut from: TcpStream, mut to: TcpStream, cut: &AtomicBool, count: &AtomicU64) {
-    from.set_read_timeout(Some(Duration::from_millis(20)))
-        .unwrap();
+    let pause = Some(Duration::from_millis(20));
+    from.set_read_timeout(pause).unwrap();
+    to.set_write_timeout(pause).unwrap();
     let mut buf = vec![0u8; 64 << 10];
     while !cut.load(Ordering::Acquire) {
         match from.read(&mut buf) {
             Ok(0) => return,
             Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    return;
+                let mut sent = 0;
+                while sent < n {
+                    if cut.load(Ordering::Acquire) {
+                        return;
+                    }
+                    match to.write(&buf[sent..n]) {
+                        Ok(0) => return,
+                        Ok(wrote) => sent += wrote,
+                        Err(e)
+                            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                        Err(_) => return,
+                    }
                 }
                 count.fetch_add(n as u64, Ordering::Relaxed);
             }
@@ -287,6 +339,7 @@ fn connections_reset_mid_transfer_fail_typed_and_the_engine_reconnects() {
         .local_server_name("relay-initiator")
         .advertise_address("127.0.0.1")
         .metadata(&url)
+        .merge_requests(false)
         .transport(TcpTransport::default())
         .build()
         .unwrap();
@@ -310,7 +363,7 @@ fn connections_reset_mid_transfer_fail_typed_and_the_engine_reconnects() {
     while relay.forwarded.load(Ordering::Relaxed) < 4 * MIB as u64 {
         std::thread::sleep(Duration::from_millis(1));
     }
-    relay.cutting.store(true, Ordering::Release);
+    relay.cut();
     wait_at_most(&batch, Duration::from_secs(35));
     let completed = settled(&batch, &|s| {
         matches!(
@@ -330,7 +383,7 @@ fn connections_reset_mid_transfer_fail_typed_and_the_engine_reconnects() {
         );
     }
     // Healed: the engine connects again and moves verified bytes.
-    relay.cutting.store(false, Ordering::Release);
+    relay.heal();
     let moved = initiator
         .transfer_sync(TransferRequest::write(
             local.addr(),
