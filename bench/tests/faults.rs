@@ -231,6 +231,11 @@ impl Relay {
         let (relay, count) = (state.clone(), forwarded.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
+                // Refused before the target sees a connection open and close for it; the
+                // check under the gate below is the one a cut relies on.
+                if relay.cutting.load(Ordering::Acquire) {
+                    continue;
+                }
                 let Ok(upstream) = TcpStream::connect(target) else {
                     continue;
                 };
