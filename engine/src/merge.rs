@@ -114,7 +114,7 @@ pub(crate) fn plan(
     room: &mut PlanRoom,
     mut each_run: impl FnMut(&[Extent]),
 ) {
-    if !merge || extents.len() == 1 {
+    if each_alone(extents, merge) {
         for extent in extents.chunks(1) {
             each_run(extent);
         }
@@ -184,6 +184,18 @@ pub(crate) fn plan(
     }
 }
 
+/// Whether [`plan`] hands each of `extents` on as a run of its own, in submission order:
+/// with `merge` off, and for requests that cannot merge coming in address order (as sorting
+/// would leave them). Any pair of neighbours, or one out of order, ends the look at once,
+/// so a submit that merges pays one comparison for it. A caller may then cut each request
+/// on its own, in a loop of its own, without the planner.
+pub(crate) fn each_alone(extents: &[Extent], merge: bool) -> bool {
+    !merge
+        || extents
+            .windows(2)
+            .all(|pair| !pair[0].neighbours(&pair[1]) && pair[0].order() < pair[1].order())
+}
+
 /// Hands `each_run` a run of neighbours, cut where it would pass `max_run` bytes (a request
 /// longer than that on its own goes alone).
 #[inline(always)]
@@ -251,6 +263,16 @@ mod tests {
             runs.push(run.iter().map(|e| e.task).collect())
         });
         runs
+    }
+
+    /// A repeatable stream of numbers below a bound (xorshift), from `seed`.
+    fn below_from(mut seed: u64) -> impl FnMut(usize) -> usize {
+        move |below: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % below as u64) as usize
+        }
     }
 
     fn tasks(range: std::ops::Range<u32>) -> Vec<u32> {
@@ -372,18 +394,60 @@ mod tests {
     }
 
     #[test]
+    fn requests_each_alone_in_address_order_are_told_apart_from_those_the_planner_must_order() {
+        // A gap after each page, in address order: each is its own run, in submission order.
+        let apart: Vec<_> = (0..32).map(|i| page(i, 2 * i as usize)).collect();
+        assert!(each_alone(&apart, true));
+        let alone: Vec<Vec<u32>> = (0..32).map(|i| vec![i]).collect();
+        assert_eq!(runs(&apart, true, u64::MAX), alone);
+        // One pair of neighbours (task 20 moved right behind task 19's page), or one pair out
+        // of order (tasks 5 and 6 swap pages): not each alone, and the planner merges or
+        // orders them.
+        let mut neighbours = apart.clone();
+        neighbours[20] = page(20, 39);
+        assert!(!each_alone(&neighbours, true));
+        assert!(runs(&neighbours, true, u64::MAX).contains(&vec![19, 20]));
+        let mut swapped = apart.clone();
+        (swapped[5], swapped[6]) = (page(5, 12), page(6, 10));
+        assert!(!each_alone(&swapped, true));
+        assert_eq!(runs(&swapped, true, u64::MAX)[5..7], [vec![6], vec![5]]);
+        // With merging off, every submit is each alone.
+        assert!(each_alone(&swapped, false) && each_alone(&neighbours, false));
+
+        // Random sets of distinct pages, in address order or not: whenever `each_alone`
+        // says so, the planner's runs are one request each in submission order, and they
+        // are what a full sort of the requests gives.
+        let mut next = below_from(0x9E37_79B9_7F4A_7C15);
+        let mut seen_alone = 0;
+        for round in 0..400 {
+            let mut pages: Vec<usize> = (0..64).filter(|_| next(3) == 0).collect();
+            if round % 2 == 1 && pages.len() > 1 {
+                let (a, b) = (next(pages.len()), next(pages.len()));
+                pages.swap(a, b);
+            }
+            let extents: Vec<Extent> = pages
+                .iter()
+                .enumerate()
+                .map(|(task, &p)| page(task as u32, p))
+                .collect();
+            let found = runs(&extents, true, u64::MAX);
+            assert_eq!(found, runs_of_a_full_sort(&extents, u64::MAX), "{pages:?}");
+            if each_alone(&extents, true) {
+                seen_alone += 1;
+                let one_each: Vec<Vec<u32>> = (0..extents.len() as u32).map(|t| vec![t]).collect();
+                assert_eq!(found, one_each, "{pages:?}");
+            }
+        }
+        assert!(seen_alone > 0, "no random set came out each alone");
+    }
+
+    #[test]
     fn runs_submitted_out_of_order_merge_as_a_full_sort_of_the_requests_would() {
         // Three layers of 40 pages, cut into runs of 1 to 9 pages, the runs shuffled: each
         // layer comes out one run. With some pages submitted twice (overlaps), every task
         // still comes out once, and every run holds neighbours only.
         let layer_pages = 64;
-        let mut seed = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move |below: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % below as u64) as usize
-        };
+        let mut next = below_from(0x2545_F491_4F6C_DD1D);
         for round in 0..50 {
             let mut runs_of_pages: Vec<Vec<usize>> = Vec::new();
             for layer in 0..3 {

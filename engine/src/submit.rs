@@ -10,7 +10,7 @@ use tern_metadata::SegmentDesc;
 use crate::batch::{Batch, BatchInner, MAX_TASK_BYTES};
 use crate::engine::{EngineInner, TransferEngine};
 use crate::error::{EngineError, TransferError};
-use crate::merge::{Extent, PlanRoom, plan};
+use crate::merge::{Extent, PlanRoom, each_alone, plan};
 use crate::transport::{Parts, PeerSegment, Routes, Run, Slice, Submission, TaskPart};
 use crate::types::{Opcode, SegmentId, TransferRequest, TransferStatus};
 
@@ -190,16 +190,28 @@ impl TransferEngine {
         let submissions = recent.submissions;
         groups.resize_with(self.inner.transports.len(), Vec::new);
         let expected = extents.len();
-        plan(
-            extents,
-            self.inner.merge_requests,
-            MAX_TASK_BYTES,
-            plan_room,
-            |run| match run {
-                [alone] if self.cut_alone(batch_inner, alone, submissions, groups, expected) => {}
-                _ => self.cut_run(batch_inner, run, submissions, groups, expected, started_ns),
-            },
-        );
+        if each_alone(extents, self.inner.merge_requests) {
+            // What the planner would hand on, cut here in a loop of its own: requests that
+            // cannot merge are cut and started with the submit's lists in registers.
+            for alone in extents.iter() {
+                if !self.cut_alone(batch_inner, alone, submissions, groups, expected) {
+                    let run = std::slice::from_ref(alone);
+                    self.cut_run(batch_inner, run, submissions, groups, expected, started_ns);
+                }
+            }
+        } else {
+            plan(
+                extents,
+                self.inner.merge_requests,
+                MAX_TASK_BYTES,
+                plan_room,
+                |run| match run {
+                    [alone]
+                        if self.cut_alone(batch_inner, alone, submissions, groups, expected) => {}
+                    _ => self.cut_run(batch_inner, run, submissions, groups, expected, started_ns),
+                },
+            );
+        }
         batch_inner.publish(first + requests.len());
         extents.clear();
         for (transport, slices) in self.inner.transports.iter().zip(groups.iter_mut()) {
@@ -301,7 +313,7 @@ impl TransferEngine {
     /// Starts the task of a run of one request that fits in one slice of its first
     /// transport, pushed onto that transport's group: most runs. False, with nothing done,
     /// for any other, which [`cut_run`](Self::cut_run) takes.
-    #[inline]
+    #[inline(always)]
     fn cut_alone(
         &self,
         batch: &BatchInner,
