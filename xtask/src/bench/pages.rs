@@ -26,7 +26,9 @@ const KV_BIG: usize = 1 << 20;
 /// taken in turn: median throughput, and the median of each round's ratio to its baseline.
 pub(super) fn pages(exe: &Path, duration: f64) -> Result<(), String> {
     let lanes_env = [("MC_TCP_LANES_PER_PEER", tcp_lanes().to_string())];
-    let seconds = (duration / PAGE_ROUNDS as f64).max(1.0);
+    // Half a second a run by default (some 600 layers each): a run also spends ~0.8 s
+    // starting its target and buffers, and the section has to fit the headline minutes.
+    let seconds = (duration / 2.0).max(0.5);
     // Room for the layers and the page gap after each, in either page size.
     let buffer = KV_LAYERS * (KV_PAGES * KV_PAGE / KV_BIG + 1) * KV_BIG;
     let shape = |page: usize, order: &str, extra: &[&str]| -> Vec<String> {
