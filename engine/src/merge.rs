@@ -114,7 +114,7 @@ pub(crate) fn plan(
     room: &mut PlanRoom,
     mut each_run: impl FnMut(&[Extent]),
 ) {
-    if each_alone(extents, merge) {
+    if !merge || extents.len() == 1 {
         for extent in extents.chunks(1) {
             each_run(extent);
         }
@@ -188,7 +188,8 @@ pub(crate) fn plan(
 /// with `merge` off, and for requests that cannot merge coming in address order (as sorting
 /// would leave them). Any pair of neighbours, or one out of order, ends the look at once,
 /// so a submit that merges pays one comparison for it. A caller may then cut each request
-/// on its own, in a loop of its own, without the planner.
+/// on its own, in a loop of its own, without the planner (which, asked all the same, finds
+/// the same runs the long way).
 pub(crate) fn each_alone(extents: &[Extent], merge: bool) -> bool {
     !merge
         || extents
