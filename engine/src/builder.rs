@@ -256,6 +256,7 @@ impl TransferEngineBuilder {
         let inner = Arc::new_cyclic(|weak: &Weak<EngineInner>| EngineInner {
             weak: weak.clone(),
             stream_watcher: Default::default(),
+            kept: Arc::default(),
             local_server_name,
             segment_name,
             advertised_ip,

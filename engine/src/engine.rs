@@ -14,7 +14,7 @@ use tern_memreg::{MemoryRegistry, PretouchPolicy};
 use tern_metadata::rpc::{RpcClientConfig, RpcServer};
 use tern_metadata::{MetadataStore, RpcMeta, SegmentDesc};
 
-use crate::batch::Helpers;
+use crate::batch::{Helpers, KeptRoom};
 use crate::builder::TransferEngineBuilder;
 use crate::error::EngineError;
 use crate::segments::SegmentTable;
@@ -36,6 +36,8 @@ pub(crate) struct EngineInner {
     pub(crate) slice_sizes: Vec<SliceSize>,
     /// The transports that take a waiter's help ([`Transport::offers_help`]), if any.
     pub(crate) helpers: Option<Helpers>,
+    /// The large lists of batches gone, for the batches to come.
+    pub(crate) kept: Arc<KeptRoom>,
     /// What each transport (same index) moved, counted as its slices complete.
     pub(crate) counters: Arc<EngineCounters>,
     pub(crate) store: Box<dyn MetadataStore>,

@@ -19,8 +19,10 @@ use crate::types::{Opcode, SegmentId, TransferRequest, TransferStatus};
 /// submitted in turn, few enough that a lookup stays cheaper than a pin.
 const RECENT_SUBMISSIONS: usize = 64;
 
-/// The most entries a thread's kept lists hold room for between submits: a batch of many
-/// thousand requests makes its own, and lets it go after.
+/// The most entries a thread's kept lists hold room for between submits, beyond four times
+/// what the submit itself had: a thread that submits batches of many thousand requests
+/// keeps their room (made afresh, the kernel hands it out a page fault per 4 KiB each time),
+/// and lets it go at its first much smaller submit.
 const KEEP_ROOM_FOR: usize = 4096;
 
 /// What one submit call works in, kept by the thread between calls so that a submit
@@ -85,6 +87,7 @@ impl TransferEngine {
                     .then(|| self.inner.counters.clone()),
                 self.inner.helpers.clone(),
                 self.inner.weak.clone(),
+                &self.inner.kept,
             ),
         })
     }
@@ -214,23 +217,24 @@ impl TransferEngine {
         }
         batch_inner.publish(first + requests.len());
         extents.clear();
+        let keep = KEEP_ROOM_FOR.max(requests.len().saturating_mul(4));
         for (transport, slices) in self.inner.transports.iter().zip(groups.iter_mut()) {
             if !slices.is_empty() {
                 transport.submit(slices);
                 // What the transport left is dropped, and so fails.
                 slices.clear();
             }
-            if slices.capacity() > KEEP_ROOM_FOR {
+            if slices.capacity() > keep {
                 *slices = Vec::new();
             }
         }
         // The batch's tasks may have ended by now: this call's hold on the pins goes before
         // it returns, as it did when the list was the call's own.
         submissions.clear();
-        if extents.capacity() > KEEP_ROOM_FOR {
+        if extents.capacity() > keep {
             *extents = Vec::new();
         }
-        plan_room.trim(KEEP_ROOM_FOR);
+        plan_room.trim(keep);
         Ok(())
     }
 
@@ -421,7 +425,8 @@ impl TransferEngine {
         }
         // Neighbours: one run, whose slices count down on it, not on each task. Each task
         // is started before any slice goes to a transport.
-        let parts = Parts::collect(run.len(), || {
+        let kept = batch.kept.as_ref().map(|kept| &kept.parts);
+        let parts = Parts::collect(run.len(), kept, || {
             run.iter().map(|extent| {
                 batch.start_run_task(extent.task as usize, opcode, transport_index);
                 TaskPart {

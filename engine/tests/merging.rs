@@ -499,3 +499,72 @@ fn a_batch_of_merged_runs_and_lone_requests_counts_each_slice_and_task_once() {
     let hold = &engine.stats().transports[0];
     assert_eq!((hold.slices, hold.bytes), (3, 10_000));
 }
+
+/// Batches of many thousand pages, one after another on one engine, of other lengths and
+/// with one request in the middle that fails: each batch's tasks start as new whatever the
+/// batch before left in the room the engine keeps for large batches (task tables, the
+/// parts of merged runs), and every byte lands.
+#[test]
+fn large_batches_one_after_another_each_start_with_every_task_new() {
+    const SMALL_PAGE: usize = 256;
+    const MOST: usize = 6000;
+    let target = tcp_engine(true);
+    let initiator = tcp_engine(true);
+    let remote = target.allocate(MOST * SMALL_PAGE, "cpu:0").unwrap();
+    let local = initiator.allocate(MOST * SMALL_PAGE, "cpu:0").unwrap();
+    let peer = initiator.open_segment(target.segment_name()).unwrap();
+    for (round, (pages, failing)) in [(MOST, None), (MOST - 700, Some(2500)), (MOST, None)]
+        .into_iter()
+        .enumerate()
+    {
+        let salt = round as u8 * 0x3B + 1;
+        fill(&local, salt);
+        let requests: Vec<TransferRequest> = (0..pages)
+            .map(|page| {
+                let offset = page * SMALL_PAGE;
+                let len = if Some(page) == failing { 0 } else { SMALL_PAGE };
+                TransferRequest::write(
+                    local.addr() + offset,
+                    peer,
+                    (remote.addr() + offset) as u64,
+                    len,
+                )
+            })
+            .collect();
+        let batch = initiator.allocate_batch(pages).unwrap();
+        initiator.submit(&batch, &requests).unwrap();
+        let status = batch.wait(Duration::from_secs(60));
+        let expected = if failing.is_some() {
+            BatchState::Failed
+        } else {
+            BatchState::Completed
+        };
+        assert_eq!(status.state, expected, "round {round}: {status:?}");
+        for page in 0..pages {
+            let task = batch.task_status(page).unwrap();
+            if Some(page) == failing {
+                assert_eq!(
+                    task.status,
+                    TransferStatus::Failed(TransferError::ZeroLength),
+                    "round {round}"
+                );
+            } else {
+                assert_eq!(
+                    (task.status, task.transferred_bytes),
+                    (TransferStatus::Completed, SMALL_PAGE as u64),
+                    "round {round}, page {page}"
+                );
+            }
+        }
+        initiator.free_batch(&batch).unwrap();
+        drop(batch);
+        let landed = contents(&remote);
+        for page in (0..pages).filter(|&page| Some(page) != failing) {
+            let offset = page * SMALL_PAGE;
+            assert!(
+                (offset..offset + SMALL_PAGE).all(|i| landed[i] == pattern(i, salt)),
+                "round {round}: page {page} did not land"
+            );
+        }
+    }
+}

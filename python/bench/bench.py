@@ -4,7 +4,8 @@
 ``--case latency``: ``transfer_sync_read`` of 4 KiB, batch 1, timed per call;
 ``--case throughput``: ``batch_transfer_sync_write`` of 128 x 64 KiB (``--protocol shm``: to a
 target on this host through shared memory, both sides on the engine's own memory);
-``--case descriptors``: ``batch_transfer_sync_write`` of 100 000 contiguous 16 KiB descriptors,
+``--case descriptors``: ``batch_transfer_sync_write`` of 100 000 contiguous 16 KiB descriptors
+(``--block`` bytes each: at 64 bytes the bytes take little of the call),
 as lists of int and as numpy ``uint64`` arrays, p50 per call (the engine merges them into a few
 runs, so what grows with the count is the per-descriptor work: the binding's, and the engine's,
 which tern-bench's row of the same shape measures; ``--protocol shm`` keeps the bytes' share
@@ -74,13 +75,14 @@ def main() -> None:
     parser.add_argument("--protocol", choices=["tcp", "shm"], default="tcp")
     parser.add_argument("--module", choices=["tern", "mooncake"], default="tern")
     parser.add_argument("--chunk", type=int, default=DESCRIPTORS, help="descriptors per call in --case descriptors")
+    parser.add_argument("--block", type=int, default=DESCRIPTOR_BYTES, help="bytes per descriptor in --case descriptors")
     parser.add_argument("--paced", action="store_true", help="a round per line read from stdin, until it closes")
     args = parser.parse_args()
     TransferEngine = engine_class(args.module)
     if args.case == "idle":
         # The drop-in takes at least 5 s, as Mooncake's Python layer does.
         os.environ["MC_TRANSFER_TIMEOUT"] = "5"
-    buffer = DESCRIPTORS * DESCRIPTOR_BYTES if args.case == "descriptors" else BUFFER
+    buffer = DESCRIPTORS * args.block if args.case == "descriptors" else BUFFER
     target = subprocess.Popen(
         [
             args.tern_bench,
@@ -149,8 +151,8 @@ def main() -> None:
         elif args.case == "descriptors":
             # OpenBLAS's idle threads would spin beside the engine on a small machine.
             os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-            offsets = [i * DESCRIPTOR_BYTES for i in range(DESCRIPTORS)]
-            lists = ([base + o for o in offsets], [remote + o for o in offsets], [DESCRIPTOR_BYTES] * DESCRIPTORS)
+            offsets = [i * args.block for i in range(DESCRIPTORS)]
+            lists = ([base + o for o in offsets], [remote + o for o in offsets], [args.block] * DESCRIPTORS)
             forms = [("lists", lists)]
             if args.module == "tern":
                 import numpy as np
@@ -179,7 +181,7 @@ def main() -> None:
                 for form, values in times.items():
                     values.sort()
                     result[f"p50_{form}_us"] = values[len(values) // 2]
-                result.update(calls=len(times["lists"]), descriptors=DESCRIPTORS, block=DESCRIPTOR_BYTES, per_call=args.chunk)
+                result.update(calls=len(times["lists"]), descriptors=DESCRIPTORS, block=args.block, per_call=args.chunk)
 
         else:
             result: dict = {"case": args.case, "protocol": args.protocol, "module": args.module}

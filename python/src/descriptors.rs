@@ -2,6 +2,8 @@
 //! Python passed: a batch of many descriptors must cost the binding no Python object per
 //! descriptor, nor a vector per argument on the way to the engine's requests.
 
+use std::cell::Cell;
+
 use pyo3::exceptions::{PyIndexError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
@@ -134,7 +136,7 @@ pub(crate) fn requests(
     }
     // One pass, each request written once: a batch of many descriptors is larger than the
     // caches, and three passes over it cost more than reading three arguments side by side.
-    let mut requests = Vec::with_capacity(n);
+    let mut requests = room_for(n);
     for i in 0..n {
         requests.push(TransferRequest {
             source: local.get(i)? as usize,
@@ -144,4 +146,34 @@ pub(crate) fn requests(
         });
     }
     Ok(Ok(requests))
+}
+
+/// Requests' room of fewer entries is not kept: the allocator reuses room this small
+/// without the kernel.
+const KEEP_FROM_REQUESTS: usize = 4096;
+
+thread_local! {
+    /// The room of this thread's last large batch of requests, for its next: made afresh, a
+    /// batch of 100 000 descriptors takes 4 MB that the kernel hands out a page fault per
+    /// 4 KiB (a Python main thread's heap gives such room back as soon as it is freed).
+    static KEPT_ROOM: Cell<Vec<TransferRequest>> = const { Cell::new(Vec::new()) };
+}
+
+/// An empty vector with room for `n` requests: the thread's kept room when it fits and is
+/// not much larger (a much larger one is let go), else new room.
+fn room_for(n: usize) -> Vec<TransferRequest> {
+    let kept = KEPT_ROOM.with(Cell::take);
+    if kept.capacity() >= n && kept.capacity() <= n.max(KEEP_FROM_REQUESTS).saturating_mul(4) {
+        kept
+    } else {
+        Vec::with_capacity(n)
+    }
+}
+
+/// Gives the room of a call's requests, done with, back to the thread for its next call.
+pub(crate) fn give_back(mut requests: Vec<TransferRequest>) {
+    if requests.capacity() >= KEEP_FROM_REQUESTS {
+        requests.clear();
+        KEPT_ROOM.with(|kept| kept.set(requests));
+    }
 }

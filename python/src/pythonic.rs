@@ -73,7 +73,9 @@ impl Engine {
                 open.core.engine.submit(&batch, &requests)?;
                 Ok(batch)
             })
-            .map_err(|e| engine_error(py, &e))?;
+            .map_err(|e| engine_error(py, &e));
+        descriptors::give_back(requests);
+        let batch = batch?;
         Ok(PyBatch {
             batch,
             open,

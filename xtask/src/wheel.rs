@@ -347,6 +347,10 @@ fn mooncake_python(prepare: bool) -> Result<Option<MooncakePython>, String> {
 /// descriptors are calls of this many.
 const MOONCAKE_DESCRIPTORS_PER_CALL: usize = 1024;
 
+/// The descriptors of the row that measures the binding's cost per descriptor: small, so
+/// that moving the bytes takes little of the call.
+const SMALL_DESCRIPTOR_BYTES: usize = 64;
+
 /// The Python rows of `cargo xtask bench`, beside `tern-bench` with the same parameters in
 /// the same run; with Mooncake's module (`MOONCAKE_PY`, or `mooncake`: prepared here) beside
 /// the drop-in. Reported, never fatal.
@@ -416,9 +420,12 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
     };
     let python_row =
         |case: &str, protocol: &str| python_output(bench_py(&python, case, protocol, &[]), case);
+    let paced_with = |case: &str, protocol: &str, extra: &[String]| {
+        Paced::start(bench_py(&python, case, protocol, extra))
+    };
     // The rounds of one case from one Python process (its engine idle while tern-bench runs):
     // a process and its target cost 1-6 s to start, the descriptors' 1.6 GB the most.
-    let paced = |case: &str, protocol: &str| Paced::start(bench_py(&python, case, protocol, &[]));
+    let paced = |case: &str, protocol: &str| paced_with(case, protocol, &[]);
     let mooncake_row = |mooncake: &MooncakePython, case: &str| {
         let extra = [
             "--module".to_owned(),
@@ -470,19 +477,28 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
     // descriptor beyond the engine's own.
     const DESCRIPTORS: usize = 100_000;
     drop((python_tcp_rounds, python_shm_rounds));
-    let mut descriptor_rounds: Vec<[f64; 3]> = Vec::new();
-    let mut python_descriptor_rounds = paced("descriptors", "shm")?;
-    for _ in 0..ROUNDS {
-        let rust_run = rust_sized("shm", "write", 16 << 10, DESCRIPTORS, DESCRIPTORS << 14)?;
-        let python_run = python_descriptor_rounds.round()?;
-        descriptor_rounds.push([
-            number(&rust_run, "p50_latency_us").ok_or("no tern-bench p50")?,
-            number(&python_run, "p50_lists_us").ok_or("no Python p50 (lists)")?,
-            number(&python_run, "p50_numpy_us").ok_or("no Python p50 (numpy)")?,
-        ]);
-        raw.extend([rust_run, python_run]);
-    }
-    drop(python_descriptor_rounds);
+    // Rounds of `block`-byte descriptors: `[tern-bench, lists, numpy]` p50s, in us.
+    let mut descriptor_rounds_of = |block: usize| -> Result<Vec<[f64; 3]>, String> {
+        let mut rounds = Vec::new();
+        let mut python_rounds = paced_with("descriptors", "shm", &[format!("--block={block}")])?;
+        for _ in 0..ROUNDS {
+            let rust_run = rust_sized("shm", "write", block, DESCRIPTORS, DESCRIPTORS * block)?;
+            let python_run = python_rounds.round()?;
+            rounds.push([
+                number(&rust_run, "p50_latency_us").ok_or("no tern-bench p50")?,
+                number(&python_run, "p50_lists_us").ok_or("no Python p50 (lists)")?,
+                number(&python_run, "p50_numpy_us").ok_or("no Python p50 (numpy)")?,
+            ]);
+            raw.extend([rust_run, python_run]);
+        }
+        Ok(rounds)
+    };
+    let descriptor_rounds = descriptor_rounds_of(16 << 10)?;
+    // The same 100 000 descriptors of 64 bytes: the bytes take ~1 ms, not ~170, so a round
+    // moves by tens of microseconds, not milliseconds, and the difference resolves the
+    // binding's nanoseconds per descriptor (the 16 KiB row's rounds move by 100-200 ns per
+    // descriptor).
+    let small_rounds = descriptor_rounds_of(SMALL_DESCRIPTOR_BYTES)?;
     // Mooncake's module beside the drop-in: the same lists over TCP to the same kind of
     // target, and the 128 x 64 KiB batches; each round alternates the two.
     let mut mooncake_rounds: Vec<[f64; 4]> = Vec::new();
@@ -521,17 +537,26 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
         .collect::<Vec<_>>()
         .join(", ");
     let ratio = python_gbps / rust_gbps;
-    let per_descriptor = |i: usize| {
+    let per_descriptor = |rounds: &[[f64; 3]], i: usize| {
         median(
-            &descriptor_rounds
+            &rounds
                 .iter()
                 .map(|r| (r[i] - r[0]) * 1000.0 / DESCRIPTORS as f64)
                 .collect::<Vec<_>>(),
         )
     };
-    let descriptor_column =
-        |i: usize| median(&descriptor_rounds.iter().map(|r| r[i]).collect::<Vec<_>>()) / 1000.0;
-    let (list_ns, numpy_ns) = (per_descriptor(1), per_descriptor(2));
+    let column_ms = |rounds: &[[f64; 3]], i: usize| {
+        median(&rounds.iter().map(|r| r[i]).collect::<Vec<_>>()) / 1000.0
+    };
+    let descriptor_column = |i: usize| column_ms(&descriptor_rounds, i);
+    let (list_ns, numpy_ns) = (
+        per_descriptor(&descriptor_rounds, 1),
+        per_descriptor(&descriptor_rounds, 2),
+    );
+    let (small_list_ns, small_numpy_ns) = (
+        per_descriptor(&small_rounds, 1),
+        per_descriptor(&small_rounds, 2),
+    );
     println!(
         "\nPython (tern.mooncake) beside tern-bench, same run, TCP on loopback, one thread, {duration} s each:\n"
     );
@@ -555,6 +580,17 @@ fn bench_rows(exe: &Path, duration: f64, mooncake: bool) -> Result<(), String> {
         descriptor_column(1),
         descriptor_column(2),
         if list_ns <= 50.0 { "met" } else { "MISSED" }
+    );
+    println!(
+        "| 100 000 x {SMALL_DESCRIPTOR_BYTES} B contiguous write, the same call (the binding's cost per descriptor where the bytes do not drown it), p50, median of {ROUNDS} alternating rounds (Python: lists / numpy uint64) | {:.2} ms | {:.2} / {:.2} ms | {small_list_ns:+.0} / {small_numpy_ns:+.0} ns per descriptor | <= 50 ns {} |",
+        column_ms(&small_rounds, 0),
+        column_ms(&small_rounds, 1),
+        column_ms(&small_rounds, 2),
+        if small_list_ns <= 50.0 {
+            "met"
+        } else {
+            "MISSED"
+        }
     );
     if mooncake_rounds.is_empty() {
         println!(

@@ -8,6 +8,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use super::hooks::Hooks;
+use super::kept::{KEEP_FROM, KeptRoom, new_tasks};
 use super::table::TaskTable;
 use super::task::{
     COMPLETED, ENDED_SHIFT, FAILED, FIRST_MASK, FIRST_SHIFT, PENDING, PROGRESS_SHIFT, RUN_FLAG,
@@ -55,24 +56,31 @@ pub(crate) struct BatchInner {
     pub(super) last_cut_ns: AtomicU64,
     /// The engine, whose transports cut off the slices of ended tasks.
     pub(crate) engine: Weak<EngineInner>,
+    /// Where the task table goes when the batch goes, and the parts of its merged runs when
+    /// they do, for the batches to come (large batches only).
+    pub(crate) kept: Option<Arc<KeptRoom>>,
 }
 
 impl BatchInner {
     #[cfg(test)]
     pub(crate) fn new(capacity: usize) -> Self {
-        Self::untracked(capacity, Duration::ZERO, None, None, Weak::new())
+        Self::untracked(capacity, Duration::ZERO, None, None, Weak::new(), None)
     }
 
     /// A batch of `capacity` tasks, which `timer` (if any) tallies while it lives and once
-    /// more when it goes.
+    /// more when it goes; its task table comes from `kept` and goes back there.
     pub(crate) fn timed(
         capacity: usize,
         spin: Duration,
         timer: Option<Arc<EngineCounters>>,
         helpers: Option<Helpers>,
         engine: Weak<EngineInner>,
+        kept: &Arc<KeptRoom>,
     ) -> Arc<Self> {
-        let batch = Arc::new(Self::untracked(capacity, spin, timer, helpers, engine));
+        let kept = (capacity >= KEEP_FROM).then(|| kept.clone());
+        let batch = Arc::new(Self::untracked(
+            capacity, spin, timer, helpers, engine, kept,
+        ));
         if let Some(timer) = &batch.timer {
             timer.track_batch(Arc::downgrade(&batch));
         }
@@ -85,9 +93,14 @@ impl BatchInner {
         timer: Option<Arc<EngineCounters>>,
         helpers: Option<Helpers>,
         engine: Weak<EngineInner>,
+        kept: Option<Arc<KeptRoom>>,
     ) -> Self {
+        let tasks = match &kept {
+            Some(kept) => new_tasks(&kept.tasks, capacity),
+            None => (0..capacity).map(|_| TaskState::default()).collect(),
+        };
         Self {
-            tasks: TaskTable::new(capacity),
+            tasks: TaskTable::of(tasks),
             reserved: AtomicUsize::new(0),
             submitted: AtomicUsize::new(0),
             unfinished: AtomicUsize::new(0),
@@ -104,6 +117,7 @@ impl BatchInner {
             ending: AtomicUsize::new(0),
             last_cut_ns: AtomicU64::new(0),
             engine,
+            kept,
         }
     }
 
@@ -474,6 +488,10 @@ impl Drop for BatchInner {
         // Every slice has reported (each held the batch): the tasks are as they end.
         if let Some(timer) = &self.timer {
             timer.add_batch_totals(self);
+        }
+        // Read for the last time above: the table may serve the next batch.
+        if let Some(kept) = &self.kept {
+            kept.tasks.keep(self.tasks.take_tasks());
         }
     }
 }

@@ -20,11 +20,13 @@
 //! engine's tally reads ([`table`]); the batch's lifecycle from reserve to settled tasks
 //! ([`lifecycle`]); status reads ([`status`]); waiting ([`wait`]); deadlines and cancel,
 //! and cutting off the slices of ended tasks ([`deadline`]); completion hooks ([`hooks`]);
-//! and the handle users hold ([`handle`]).
+//! the handle users hold ([`handle`]); and the large task tables kept from batches gone for
+//! the next ones ([`kept`]).
 
 mod deadline;
 mod handle;
 mod hooks;
+mod kept;
 mod lifecycle;
 mod status;
 mod table;
@@ -35,6 +37,7 @@ mod wait;
 
 pub use deadline::DRAIN;
 pub use handle::Batch;
+pub(crate) use kept::{Kept, KeptRoom};
 pub(crate) use lifecycle::BatchInner;
 pub(crate) use table::tally_tasks;
 pub(crate) use task::MAX_TASK_BYTES;

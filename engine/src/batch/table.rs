@@ -17,10 +17,10 @@ use crate::stats::{Tally, bucket_of};
 /// reads ([`tally_tasks`]) while the batch lives, and once more when it goes.
 #[derive(Debug)]
 pub(crate) struct TaskTable {
-    /// One allocation even for a lone task: an index into a boxed slice is a bounds check,
-    /// where a table that kept a lone task inline paid a branch on every access of every
-    /// task.
-    tasks: Box<[TaskState]>,
+    /// One allocation even for a lone task: an index into it is a bounds check, where a
+    /// table that kept a lone task inline paid a branch on every access of every task. Made
+    /// with its room exact, or in the room of a large table kept ([`super::kept`]).
+    tasks: Vec<TaskState>,
     /// `stats::clock_ns` of the submit call that took task 0 (timed batches only; 0 until
     /// then): most batches take one call, which so stores its start without a lock.
     first_start: AtomicU64,
@@ -47,9 +47,18 @@ impl std::ops::Deref for TaskTable {
 
 impl TaskTable {
     /// `capacity` tasks, none started.
+    #[cfg(test)]
     pub(super) fn new(capacity: usize) -> Self {
+        Self::of(super::kept::new_tasks(
+            &super::kept::Kept::default(),
+            capacity,
+        ))
+    }
+
+    /// A table of `tasks`, each as new.
+    pub(super) fn of(tasks: Vec<TaskState>) -> Self {
         Self {
-            tasks: (0..capacity).map(|_| TaskState::default()).collect(),
+            tasks,
             first_start: AtomicU64::new(0),
             starts: Mutex::default(),
             runs: Mutex::default(),
@@ -73,6 +82,11 @@ impl TaskTable {
 }
 
 impl TaskTable {
+    /// The tasks, for a table kept for another batch; none left here.
+    pub(super) fn take_tasks(&mut self) -> Vec<TaskState> {
+        std::mem::take(&mut self.tasks)
+    }
+
     /// `count` more tasks started as tasks of merged runs.
     pub(crate) fn count_run_tasks(&self, count: usize) {
         self.run_tasks.fetch_add(count, Ordering::Release);

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::slice::Slice;
-use crate::batch::BatchInner;
+use crate::batch::{BatchInner, Kept};
 use crate::stats::bucket_of;
 
 /// One request's part of a merged run: its task, from its local start address up to the
@@ -35,17 +35,22 @@ pub(crate) enum Parts {
         parts: [TaskPart; FEW_PARTS],
         len: usize,
     },
-    Many(Box<[TaskPart]>),
+    /// Many parts, in room of their own or in the room of a large run gone (`kept`).
+    Many(Vec<TaskPart>),
 }
 
 impl Parts {
-    /// The `len` parts `parts()` yields.
+    /// The `len` parts `parts()` yields; many in the room of a large run gone when `kept`
+    /// has one.
     pub(crate) fn collect<I: Iterator<Item = TaskPart>>(
         len: usize,
+        kept: Option<&Kept<TaskPart>>,
         parts: impl FnOnce() -> I,
     ) -> Self {
         if len > FEW_PARTS {
-            return Self::Many(parts().collect());
+            let mut many = kept.map_or_else(|| Vec::with_capacity(len), |kept| kept.room(len));
+            many.extend(parts());
+            return Self::Many(many);
         }
         let mut few = [TaskPart { start: 0, task: 0 }; FEW_PARTS];
         let mut count = 0;
@@ -277,6 +282,9 @@ impl Run {
 impl Drop for Run {
     fn drop(&mut self) {
         self.end_tasks();
+        if let (Parts::Many(parts), Some(kept)) = (&mut self.parts, &self.batch.kept) {
+            kept.parts.keep(std::mem::take(parts));
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use tern_engine::{Batch, BatchState, Opcode, TransferStatus};
 use super::moving::{Call, batch, one, opcode_of};
 use super::{AsyncBatch, Initialized, MooncakeEngine};
 use crate::core::{Failure, first_failure};
+use crate::descriptors;
 use crate::errors::log_failure;
 
 impl MooncakeEngine {
@@ -41,6 +42,7 @@ impl MooncakeEngine {
                 segment,
             })
         });
+        descriptors::give_back(std::mem::take(&mut call.requests));
         Ok(match submitted {
             Ok(batch) => {
                 let id = call.state.next_batch.fetch_add(1, Ordering::Relaxed);

@@ -8,6 +8,7 @@ use tern_engine::Opcode;
 use super::MooncakeEngine;
 use super::moving::{Call, batch, notify_parts, one, opcode_of};
 use crate::core::Failure;
+use crate::descriptors;
 use crate::errors::log_failure;
 
 impl MooncakeEngine {
@@ -31,6 +32,7 @@ impl MooncakeEngine {
             }
             Ok(())
         });
+        descriptors::give_back(std::mem::take(&mut call.requests));
         match outcome {
             Ok(()) => 0,
             Err(failure) => {
