@@ -10,7 +10,7 @@ use pyo3::types::{PyList, PyString};
 use tern_engine::TransferRequest;
 
 use crate::errors::invalid;
-use crate::raw::{NotU64s, U64Buffer, exact_int_at};
+use crate::raw::{NotU64s, U64Buffer, exact_int_at, exact_int_rows};
 
 /// One argument's integers, where they already are.
 pub(crate) enum U64s<'a, 'py> {
@@ -137,7 +137,39 @@ pub(crate) fn requests(
     // One pass, each request written once: a batch of many descriptors is larger than the
     // caches, and three passes over it cost more than reading three arguments side by side.
     let mut requests = room_for(n);
-    for i in 0..n {
+    let mut read = 0;
+    if let (U64s::List(local), U64s::List(remote), U64s::List(lengths)) =
+        (&local, &remote, &lengths)
+    {
+        // Lists of exact ints, as callers mostly pass, read side by side without a look at
+        // the kind of each argument per item.
+        read = exact_int_rows(
+            [*local, *remote, *lengths],
+            n,
+            |[source, offset, length]| {
+                requests.push(TransferRequest {
+                    source: source as usize,
+                    target_offset: offset,
+                    length: length as usize,
+                    ..template
+                });
+            },
+        );
+    } else if let (U64s::Buffer(local), U64s::Buffer(remote), U64s::Buffer(lengths)) =
+        (&local, &remote, &lengths)
+    {
+        // Buffers (numpy arrays), read side by side the same way.
+        requests.extend((0..n).map_while(|i| {
+            Some(TransferRequest {
+                source: local.get(i)? as usize,
+                target_offset: remote.get(i)?,
+                length: lengths.get(i)? as usize,
+                ..template
+            })
+        }));
+        read = requests.len();
+    }
+    for i in read..n {
         requests.push(TransferRequest {
             source: local.get(i)? as usize,
             target_offset: remote.get(i)?,

@@ -428,3 +428,64 @@ pub(crate) fn exact_int_at(list: &Bound<'_, PyList>, i: usize) -> Option<u64> {
         (overflow == 0 && value >= 0).then_some(value as u64)
     }
 }
+
+/// Reads rows of exact `int`s side by side from `lists` (all of at least `rows` items),
+/// handing each row to `row`, until the first item that is not an exact `int` from 0 to
+/// 2**63 - 1 (or past a list's end); returns how many rows it read, for the caller to read
+/// the rest the general way, raising what it must. No Python code runs meanwhile, so no
+/// item goes away and an item that is the object of the one before in its list (a list of
+/// one repeated length) is read once.
+pub(crate) fn exact_int_rows<const N: usize>(
+    lists: [&Bound<'_, PyList>; N],
+    rows: usize,
+    mut row: impl FnMut([u64; N]),
+) -> usize {
+    let lists = lists.map(|list| list.as_ptr());
+    let mut last = [(std::ptr::null_mut::<ffi::PyObject>(), 0u64); N];
+    for i in 0..rows {
+        let Ok(at) = ffi::Py_ssize_t::try_from(i) else {
+            return i;
+        };
+        let mut values = [0u64; N];
+        for ((list, value), last) in lists.iter().zip(&mut values).zip(&mut last) {
+            // SAFETY: each list is live (its `Bound` holds a reference, on a thread attached
+            // to the interpreter: it holds the GIL, so no other thread runs Python code
+            // and changes the list meanwhile; the abi3 wheel loads in no free-threaded
+            // build). `PyList_GetItem` returns a borrowed item, or NULL with an
+            // `IndexError` set for an index out of range
+            // (https://docs.python.org/3/c-api/list.html#c.PyList_GetItem), which is
+            // cleared here for the caller's general read to raise its own. A borrowed item
+            // stays alive while nothing changes its list, and nothing can: from the first
+            // row to the return only `PyLong_CheckExact` (a type comparison) and
+            // `PyLong_AsLongAndOverflow` on exact `int`s run, and that one calls no Python
+            // code (`__index__` is called only for objects that are not `int`s:
+            // https://docs.python.org/3/c-api/long.html#c.PyLong_AsLongAndOverflow). So an
+            // item at the address of the one read before is that object, whose value an
+            // `int` never changes. With `overflow` set it reports a value out of range
+            // without setting an error; for an exact `int` it sets none otherwise.
+            unsafe {
+                let item = ffi::PyList_GetItem(*list, at);
+                if item.is_null() {
+                    ffi::PyErr_Clear();
+                    return i;
+                }
+                if item == last.0 {
+                    *value = last.1;
+                    continue;
+                }
+                if ffi::PyLong_CheckExact(item) == 0 {
+                    return i;
+                }
+                let mut overflow: c_int = 0;
+                let read = ffi::PyLong_AsLongAndOverflow(item, &mut overflow);
+                if overflow != 0 || read < 0 {
+                    return i;
+                }
+                *value = read as u64;
+                *last = (item, *value);
+            }
+        }
+        row(values);
+    }
+    rows
+}

@@ -113,18 +113,22 @@ def test_the_drop_in_takes_arrays_and_lists_alike(mooncake_engine, peer, caplog)
     assert engine.unregister_memory(local.ctypes.data) == 0
 
 
+class Length(int):
+    """A length that is an int, but not exactly one."""
+
+
+def registered_blocks(engine, peer, salt: int):
+    """A patterned array of the peer's size, registered: it, its blocks and its address."""
+    local = pattern(salt, peer.nbytes)
+    engine.register(local)
+    return local, peer.nbytes // BLOCK, local.ctypes.data
+
+
 def test_list_items_that_are_not_plain_ints_convert_as_a_u64_argument_would(engine, peer):
     """Exact ints are read in place; anything else takes the general conversion: int
     subclasses, numpy scalars (``__index__``), values from 2**63 up; wrong ones raise, and a
     list an ``__index__`` empties raises instead of being read past its end."""
-    local = pattern(31, peer.nbytes)
-    engine.register(local)
-    blocks = peer.nbytes // BLOCK
-    base = local.ctypes.data
-
-    class Length(int):
-        pass
-
+    local, blocks, base = registered_blocks(engine, peer, 31)
     # numpy scalars for the local side, an int subclass and a bool among the lengths.
     ours = list(np.uint64(base) + np.arange(blocks, dtype=np.uint64) * np.uint64(BLOCK))
     theirs = [peer.addr + i * BLOCK for i in range(blocks)]
@@ -158,4 +162,33 @@ def test_list_items_that_are_not_plain_ints_convert_as_a_u64_argument_would(engi
     shrinking[0] = Emptying(shrinking)
     with pytest.raises(IndexError):
         engine.write_arrays(peer.session, shrinking, [peer.addr] * 2, [BLOCK] * 2)
+    engine.write_arrays(peer.session, [base], [peer.addr], [BLOCK])  # the engine goes on
+
+
+def test_lists_of_plain_ints_hand_over_to_the_general_conversion_where_one_item_is_not(engine, peer):
+    """Rows of exact ints are read side by side, one repeated length object read once; the
+    first item that is not one hands the rest to the general conversion, which reads it and
+    every row after, and raises where an ``__index__`` there emptied another list."""
+    local, blocks, base = registered_blocks(engine, peer, 33)
+    middle = blocks // 2
+    ours = [base + i * BLOCK for i in range(blocks)]
+    theirs = [peer.addr + i * BLOCK for i in range(blocks)]
+    lengths = [BLOCK] * middle + [Length(BLOCK)] + [BLOCK] * (blocks - middle - 1)
+    engine.write_arrays(peer.session, ours, theirs, lengths)
+    assert peer.ask("sha")["sha"] == sha(local)
+
+    class EmptyingOther:
+        """An address whose conversion empties another list of the same call."""
+
+        def __init__(self, other: list):
+            self.other = other
+
+        def __index__(self) -> int:
+            self.other.clear()
+            return base + 2 * BLOCK
+
+    theirs = [peer.addr + i * BLOCK for i in range(4)]
+    ours = [base, base + BLOCK, EmptyingOther(theirs), base + 3 * BLOCK]
+    with pytest.raises(IndexError):
+        engine.write_arrays(peer.session, ours, theirs, [BLOCK] * 4)
     engine.write_arrays(peer.session, [base], [peer.addr], [BLOCK])  # the engine goes on
