@@ -61,7 +61,7 @@ fn headline(
     progress.section("KV-shaped pages vs 1 MiB requests, TCP and same-host");
     pages(exe, duration)?;
     progress.section("Python beside tern-bench");
-    wheel::bench(exe, duration, false);
+    wheel::bench(exe, duration, false, full);
     Ok(raw)
 }
 
@@ -93,7 +93,7 @@ pub(crate) fn command(args: &[String]) -> Result<(), String> {
         return Ok(());
     }
     if has("--python-only") {
-        wheel::bench(&exe, duration, has("--mooncake"));
+        wheel::bench(&exe, duration, has("--mooncake"), true);
         return Ok(());
     }
     if has("--shm-only") {
