@@ -409,18 +409,34 @@ pub(crate) fn exact_int_at(list: &Bound<'_, PyList>, i: usize) -> Option<u64> {
     // list meanwhile; the abi3 wheel loads in no free-threaded build). `PyList_Size` and
     // `PyList_GetItem` with an index checked against the size set no error; the item
     // `PyList_GetItem` returns is borrowed, owned by the list, and stays alive while
-    // nothing changes the list: from here to the return only
-    // `PyLong_CheckExact` (a type comparison) and `PyLong_AsLongAndOverflow` on an exact
-    // `int` run, and that one calls no Python code (`__index__` is called only for objects
-    // that are not `int`s: https://docs.python.org/3/c-api/long.html#c.PyLong_AsLongAndOverflow),
-    // so nothing can. With `overflow` set it reports a value out of range without setting
-    // an error; for an exact `int` it sets none otherwise.
+    // nothing changes the list, and `exact_int_value` runs no Python code, so nothing can.
     unsafe {
         if at >= ffi::PyList_Size(list) {
             return None;
         }
         let item = ffi::PyList_GetItem(list, at);
-        if item.is_null() || ffi::PyLong_CheckExact(item) == 0 {
+        if item.is_null() {
+            return None;
+        }
+        exact_int_value(item)
+    }
+}
+
+/// The value of `item` if it is an `int` (exactly; not a subclass) from 0 to 2**63 - 1, read
+/// without taking a reference to it and without running Python code: `PyLong_CheckExact` is
+/// a type comparison, and `PyLong_AsLongAndOverflow` calls `__index__` only for objects that
+/// are not `int`s (https://docs.python.org/3/c-api/long.html#c.PyLong_AsLongAndOverflow).
+/// With `overflow` set it reports a value out of range without setting an error; for an
+/// exact `int` it sets none otherwise.
+///
+/// # Safety
+///
+/// `item` is a live object, and the calling thread is attached to the interpreter.
+#[inline]
+unsafe fn exact_int_value(item: *mut ffi::PyObject) -> Option<u64> {
+    // SAFETY: the caller's contract: `item` is live, on an attached thread.
+    unsafe {
+        if ffi::PyLong_CheckExact(item) == 0 {
             return None;
         }
         let mut overflow: c_int = 0;
@@ -456,13 +472,9 @@ pub(crate) fn exact_int_rows<const N: usize>(
             // (https://docs.python.org/3/c-api/list.html#c.PyList_GetItem), which is
             // cleared here for the caller's general read to raise its own. A borrowed item
             // stays alive while nothing changes its list, and nothing can: from the first
-            // row to the return only `PyLong_CheckExact` (a type comparison) and
-            // `PyLong_AsLongAndOverflow` on exact `int`s run, and that one calls no Python
-            // code (`__index__` is called only for objects that are not `int`s:
-            // https://docs.python.org/3/c-api/long.html#c.PyLong_AsLongAndOverflow). So an
-            // item at the address of the one read before is that object, whose value an
-            // `int` never changes. With `overflow` set it reports a value out of range
-            // without setting an error; for an exact `int` it sets none otherwise.
+            // row to the return only `exact_int_value` runs, which runs no Python code. So
+            // an item at the address of the one read before is that object, whose value an
+            // `int` never changes.
             unsafe {
                 let item = ffi::PyList_GetItem(*list, at);
                 if item.is_null() {
@@ -473,16 +485,11 @@ pub(crate) fn exact_int_rows<const N: usize>(
                     *value = last.1;
                     continue;
                 }
-                if ffi::PyLong_CheckExact(item) == 0 {
+                let Some(read) = exact_int_value(item) else {
                     return i;
-                }
-                let mut overflow: c_int = 0;
-                let read = ffi::PyLong_AsLongAndOverflow(item, &mut overflow);
-                if overflow != 0 || read < 0 {
-                    return i;
-                }
-                *value = read as u64;
-                *last = (item, *value);
+                };
+                *value = read;
+                *last = (item, read);
             }
         }
         row(values);

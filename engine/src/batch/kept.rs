@@ -1,9 +1,9 @@
-//! Task tables kept from batches gone for the batches to come. A batch of many thousand
-//! tasks has a table of several megabytes; given back to the allocator as it goes, the next
-//! such batch gets memory the kernel hands out afresh, a page fault per 4 KiB (the main
-//! thread's heap of a Python process gives it back at once, and faulting it in again cost a
-//! 100 000-descriptor call more than the binding's own work). Kept, the next table only has
-//! its tasks written as new.
+//! Task tables and merged runs' parts kept from batches gone for the batches to come. A
+//! batch of many thousand tasks has a table of several megabytes; given back to the
+//! allocator as it goes, the next such batch gets memory the kernel hands out afresh, a page
+//! fault per 4 KiB (the main thread's heap of a Python process gives it back at once, and
+//! faulting it in again cost a 100 000-descriptor call more than the binding's own work).
+//! Kept, the next table only has its tasks written as new.
 
 use parking_lot::Mutex;
 

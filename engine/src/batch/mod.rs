@@ -20,8 +20,8 @@
 //! engine's tally reads ([`table`]); the batch's lifecycle from reserve to settled tasks
 //! ([`lifecycle`]); status reads ([`status`]); waiting ([`wait`]); deadlines and cancel,
 //! and cutting off the slices of ended tasks ([`deadline`]); completion hooks ([`hooks`]);
-//! the handle users hold ([`handle`]); and the large task tables kept from batches gone for
-//! the next ones ([`kept`]).
+//! the handle users hold ([`handle`]); and the large task tables and merged runs' parts kept
+//! from batches gone for the next ones ([`kept`]).
 
 mod deadline;
 mod handle;
