@@ -65,6 +65,11 @@ fn connect(server: &RpcServer) -> TcpStream {
     wire::connect(server.local_addr())
 }
 
+/// A connection the server's log lines name alone (see [`wire::connect_as_named_peer`]).
+fn connect_named(server: &RpcServer) -> TcpStream {
+    wire::connect_as_named_peer(server.local_addr())
+}
+
 /// What a raw client of `server` claims: the endpoint it dialed.
 fn dialed(server: &RpcServer) -> auth::Claims {
     auth::Claims {
@@ -117,7 +122,7 @@ fn plain_and_wrong_secret_clients_are_refused_before_the_handler() {
     }
 
     // A raw Mooncake Metadata request: no descriptor, no byte; one line naming the peer.
-    let mut raw = connect(&server);
+    let mut raw = connect_named(&server);
     let peer = raw.local_addr().unwrap().to_string();
     raw.write_all(&frame(RpcType::Metadata, b"{}")).unwrap();
     assert!(drain(&mut raw).is_empty(), "a plain client was answered");
@@ -127,7 +132,7 @@ fn plain_and_wrong_secret_clients_are_refused_before_the_handler() {
     assert!(lines[0].contains("refused") && lines[0].contains("plain frame"));
 
     // A client with another secret, by hand: the line says it never proved itself.
-    let mut other = connect(&server);
+    let mut other = connect_named(&server);
     let peer = other.local_addr().unwrap().to_string();
     let wrong = ClusterSecret::new(b"another").unwrap();
     assert!(matches!(
@@ -167,7 +172,7 @@ fn replayed_reflected_and_truncated_frames_are_refused() {
     assert_eq!(calls.lock().len(), 1);
 
     // The same Hello and Proof replayed: the server's fresh nonce makes the Proof stale.
-    let mut replay = connect(&server);
+    let mut replay = connect_named(&server);
     let peer = replay.local_addr().unwrap().to_string();
     replay.write_all(&hello).unwrap();
     let mut fresh = [0u8; CHALLENGE_LEN];
@@ -181,7 +186,7 @@ fn replayed_reflected_and_truncated_frames_are_refused() {
     assert!(lines[0].contains("does not match"), "{}", lines[0]);
 
     // The server's own MAC reflected back as the client's proof.
-    let mut reflect = connect(&server);
+    let mut reflect = connect_named(&server);
     let peer = reflect.local_addr().unwrap().to_string();
     let (_, hello) = ClientExchange::start(&key, Channel::Rpc, dialed(&server)).unwrap();
     reflect.write_all(&hello).unwrap();
@@ -203,7 +208,7 @@ fn replayed_reflected_and_truncated_frames_are_refused() {
     assert_eq!(logs::mentioning(&peer).len(), 1);
 
     // A Hello cut short, then the write side closed.
-    let mut cut = connect(&server);
+    let mut cut = connect_named(&server);
     let peer = cut.local_addr().unwrap().to_string();
     cut.write_all(&hello[..30]).unwrap();
     cut.shutdown(Shutdown::Write).unwrap();
@@ -321,7 +326,7 @@ fn frames_are_bounded_on_the_server_and_the_client() {
     let server = RpcServer::start("127.0.0.1".parse().unwrap(), config, Arc::new(handler)).unwrap();
 
     // The server refuses a frame over the bound without reading it.
-    let mut raw = connect(&server);
+    let mut raw = connect_named(&server);
     let peer = raw.local_addr().unwrap().to_string();
     raw.write_all(&((DEFAULT_MAX_FRAME as u64) + 2).to_le_bytes())
         .unwrap();

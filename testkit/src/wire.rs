@@ -2,14 +2,38 @@
 //! everything a server sends until it closes, and see whether a server closed a connection
 //! in time.
 
+use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{ErrorKind, Read};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 /// A connection to `addr` whose reads give up after 10 s (a test must fail, not hang).
 pub fn connect(addr: impl ToSocketAddrs) -> TcpStream {
     let stream = TcpStream::connect(addr).expect("the server accepts connections");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    stream
+}
+
+/// As [`connect`], from a loopback address (127.77.x.y) no other connection of this process
+/// has used, so that the server's log lines about this peer name it alone: a peer's port is
+/// no such name, as connections to other servers of a test binary, whose tests run side by
+/// side, may share it.
+pub fn connect_as_named_peer(addr: SocketAddr) -> TcpStream {
+    static NEXT: AtomicU16 = AtomicU16::new(1);
+    let [high, low] = NEXT.fetch_add(1, Ordering::Relaxed).to_be_bytes();
+    let source = SocketAddr::from(([127, 77, high, low], 0));
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).expect("a socket");
+    socket
+        .bind(&source.into())
+        .expect("a loopback source address");
+    socket
+        .connect(&addr.into())
+        .expect("the server accepts connections");
+    let stream = TcpStream::from(socket);
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .expect("a read timeout");

@@ -78,6 +78,11 @@ fn raw(port: u16) -> TcpStream {
     wire::connect(("127.0.0.1", port))
 }
 
+/// A connection the server's log lines name alone (see [`wire::connect_as_named_peer`]).
+fn raw_named(port: u16) -> TcpStream {
+    wire::connect_as_named_peer(([127, 0, 0, 1], port).into())
+}
+
 fn header(size: u64, addr: u64, opcode: u8) -> [u8; 24] {
     Header { size, addr, opcode }.encode()
 }
@@ -163,7 +168,7 @@ fn peers_without_the_secret_get_nothing_from_the_rpc_port() {
         ),
         (RpcType::Probe, &b"{}"[..]),
     ] {
-        let mut stream = raw(port);
+        let mut stream = raw_named(port);
         let me = stream.local_addr().unwrap().to_string();
         let mut frame = Vec::new();
         rpc::write_frame(&mut frame, ty, body).unwrap();
@@ -189,7 +194,7 @@ fn the_data_port_refuses_peers_without_the_secret_and_touches_no_memory() {
     let key = ClusterSecret::new(SECRET.as_bytes()).unwrap();
 
     // Plain Mooncake v2 write: no status, no byte written; one line naming the peer.
-    let mut stream = raw(port);
+    let mut stream = raw_named(port);
     let me = stream.local_addr().unwrap().to_string();
     stream
         .write_all(&header(4096, base, OP_WRITE | OP_V2))
@@ -233,7 +238,7 @@ fn the_data_port_refuses_peers_without_the_secret_and_touches_no_memory() {
     drop(genuine);
 
     // That exchange replayed, then a write: refused, memory unchanged.
-    let mut replay = raw(port);
+    let mut replay = raw_named(port);
     let me = replay.local_addr().unwrap().to_string();
     replay.write_all(&hello).unwrap();
     let mut fresh = [0u8; CHALLENGE_LEN];
