@@ -193,6 +193,7 @@ impl TransferEngine {
         let submissions = recent.submissions;
         groups.resize_with(self.inner.transports.len(), Vec::new);
         let expected = extents.len();
+        let bytes: u64 = extents.iter().map(|extent| extent.len as u64).sum();
         if each_alone(extents, self.inner.merge_requests) {
             // What the planner would hand on, cut here in a loop of its own: requests that
             // cannot merge are cut and started with the submit's lists in registers.
@@ -215,7 +216,7 @@ impl TransferEngine {
                 },
             );
         }
-        batch_inner.publish(first + requests.len());
+        batch_inner.publish(first + requests.len(), bytes);
         extents.clear();
         let keep = KEEP_ROOM_FOR.max(requests.len().saturating_mul(4));
         for (transport, slices) in self.inner.transports.iter().zip(groups.iter_mut()) {

@@ -28,7 +28,16 @@ pub(crate) struct BatchInner {
     /// Task slots reserved.
     pub(super) reserved: AtomicUsize,
     pub(super) submitted: AtomicUsize,
+    /// Tasks reserved and not finished: counted before their slots are reserved, so that
+    /// no reserved task is ever missing from it.
     pub(super) unfinished: AtomicUsize,
+    /// The bytes of the tasks submitted, added before they are published: what a batch
+    /// whose tasks all completed moved.
+    pub(super) submitted_bytes: AtomicU64,
+    /// Tasks that ended, or are ending, other than Completed: counted before their state
+    /// changes (taken back only by an end that found the task final already). While it is
+    /// 0, a batch with no task unfinished shows as completed without a look at each task.
+    pub(super) unsuccessful: AtomicUsize,
     pub(super) wake_lock: Mutex<()>,
     pub(super) wake: Condvar,
     /// Waiters asleep on `wake` (or about to be): the last task wakes them only if there
@@ -104,6 +113,8 @@ impl BatchInner {
             reserved: AtomicUsize::new(0),
             submitted: AtomicUsize::new(0),
             unfinished: AtomicUsize::new(0),
+            submitted_bytes: AtomicU64::new(0),
+            unsuccessful: AtomicUsize::new(0),
             wake_lock: Mutex::new(()),
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
@@ -144,15 +155,22 @@ impl BatchInner {
             return Err(EngineError::BatchFreed);
         }
         let capacity = self.capacity();
+        // Unfinished before reserved: a reader that finds no task unfinished has seen every
+        // task reserved so far finish.
+        self.unfinished.fetch_add(n, Ordering::SeqCst);
         let first = self
             .reserved
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
                 (n <= capacity - used).then_some(used + n)
             })
-            .map_err(|used| EngineError::TooManyRequests {
-                capacity,
-                room: capacity - used,
-                requested: n,
+            .map_err(|used| {
+                // None reserved: counted finished again, waking whoever the count held.
+                self.finished_many(n);
+                EngineError::TooManyRequests {
+                    capacity,
+                    room: capacity - used,
+                    requested: n,
+                }
             })?;
         let mut started_ns = 0;
         if self.timer.is_some() || timeout.is_some() {
@@ -169,13 +187,15 @@ impl BatchInner {
                 self.set_deadline_ns_if_unset(at);
             }
         }
-        self.unfinished.fetch_add(n, Ordering::SeqCst);
         Ok((first, started_ns))
     }
 
-    /// Marks reserved slots as visible to status readers, after their state is set.
-    pub(crate) fn publish(&self, up_to: usize) {
-        self.submitted.fetch_max(up_to, Ordering::Release);
+    /// Marks reserved slots as visible to status readers, after their state is set and
+    /// before their slices are handed to the transports; `bytes` is the length of the
+    /// requests among them that did not fail at submit.
+    pub(crate) fn publish(&self, up_to: usize, bytes: u64) {
+        self.submitted_bytes.fetch_add(bytes, Ordering::SeqCst);
+        self.submitted.fetch_max(up_to, Ordering::SeqCst);
     }
 
     /// Starts `task`: `slices` of `opcode`, going to transport `first` (an index into the
@@ -222,9 +242,13 @@ impl BatchInner {
     /// slices have all let go: here if they have, else by the last of them.
     pub(super) fn end(&self, task: usize, state: u8) -> bool {
         let t = &self.tasks[task];
+        // Before the state changes: whoever settles the task and counts it finished, on
+        // whatever thread, does so after this.
+        self.unsuccessful.fetch_add(1, Ordering::SeqCst);
         let mut current = t.state.load(Ordering::SeqCst);
         loop {
             if !matches!(state_of(current), PENDING | WAITING) {
+                self.unsuccessful.fetch_sub(1, Ordering::SeqCst);
                 return false;
             }
             let next = u64::from(state) | (current & FIRST_MASK);

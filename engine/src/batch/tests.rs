@@ -71,7 +71,7 @@ fn a_task_completes_when_its_last_slice_does() {
     let first = batch.reserve(2).unwrap();
     batch.start_task(first, 2, Opcode::Read, 0);
     batch.start_task(first + 1, 1, Opcode::Read, 0);
-    batch.publish(2);
+    batch.publish(2, 15 + 7);
     let a = SliceCompletion::new(batch.clone(), 0);
     let b = SliceCompletion::new(batch.clone(), 0);
     let c = SliceCompletion::new(batch.clone(), 1);
@@ -116,7 +116,7 @@ fn free_is_refused_while_busy_and_cancel_finishes_tasks() {
     let batch = Arc::new(BatchInner::new(1));
     batch.reserve(1).unwrap();
     batch.start_task(0, 1, Opcode::Read, 0);
-    batch.publish(1);
+    batch.publish(1, 100);
     let late = SliceCompletion::new(batch.clone(), 0);
     assert!(matches!(
         batch.mark_freed(),
@@ -145,7 +145,7 @@ fn deadlines_time_tasks_out_and_wake_waiters() {
     let batch = Arc::new(BatchInner::new(1));
     batch.reserve(1).unwrap();
     batch.start_task(0, 0, Opcode::Read, 0);
-    batch.publish(1);
+    batch.publish(1, 0);
     batch.set_deadline(Some(Instant::now() + Duration::from_millis(30)));
     let status = batch.wait(Duration::from_secs(30));
     assert_eq!(status.state, BatchState::Failed);
@@ -160,7 +160,7 @@ fn a_timed_out_task_shows_its_end_only_once_its_slices_let_go() {
     let batch = Arc::new(BatchInner::new(1));
     batch.reserve(1).unwrap();
     batch.start_task(0, 2, Opcode::Write, 0);
-    batch.publish(1);
+    batch.publish(1, 0);
     let (done, out) = (
         SliceCompletion::new(batch.clone(), 0),
         SliceCompletion::new(batch.clone(), 0),
@@ -198,7 +198,7 @@ fn cancel_returns_once_the_slices_of_the_canceled_tasks_let_go() {
     batch.reserve(2).unwrap();
     batch.start_task(0, 1, Opcode::Read, 0);
     batch.start_task(1, 1, Opcode::Read, 0);
-    batch.publish(2);
+    batch.publish(2, 0);
     let (a, b) = (
         SliceCompletion::new(batch.clone(), 0),
         SliceCompletion::new(batch.clone(), 1),
@@ -227,7 +227,7 @@ fn a_task_canceled_before_it_started_settles_when_its_slices_let_go() {
     let batch = Arc::new(BatchInner::new(2));
     batch.reserve(2).unwrap();
     // Another submit published past this task before it started.
-    batch.publish(2);
+    batch.publish(2, 0);
     let slice = SliceCompletion::new(batch.clone(), 0);
     batch.start_task(1, 0, Opcode::Read, 0);
     assert_eq!(batch.submitted.load(Ordering::Acquire), 2);
@@ -260,7 +260,7 @@ fn completion_hooks_run_once_when_the_last_task_finishes() {
     batch.reserve(2).unwrap();
     batch.start_task(0, 1, Opcode::Read, 0);
     batch.start_task(1, 1, Opcode::Read, 0);
-    batch.publish(2);
+    batch.publish(2, 0);
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = calls.clone();
     batch.on_complete(Box::new(move || {
@@ -287,7 +287,7 @@ fn completion_hooks_run_when_the_deadline_times_tasks_out() {
     let batch = Arc::new(BatchInner::new(1));
     batch.reserve(1).unwrap();
     batch.start_task(0, 0, Opcode::Read, 0);
-    batch.publish(1);
+    batch.publish(1, 0);
     let (tx, rx) = std::sync::mpsc::channel();
     batch.on_complete(Box::new(move || tx.send(()).unwrap()));
     batch.set_deadline(Some(Instant::now() + Duration::from_millis(10)));
@@ -302,7 +302,7 @@ fn waiters_wake_when_another_thread_completes() {
     let batch = Arc::new(BatchInner::new(1));
     batch.reserve(1).unwrap();
     batch.start_task(0, 1, Opcode::Read, 0);
-    batch.publish(1);
+    batch.publish(1, 1);
     let slice = SliceCompletion::new(batch.clone(), 0);
     let worker = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(20));
@@ -311,4 +311,145 @@ fn waiters_wake_when_another_thread_completes() {
     let status = batch.wait(Duration::from_secs(30));
     worker.join().unwrap();
     assert_eq!(status.state, BatchState::Completed);
+    assert_eq!((status.completed, status.transferred_bytes), (1, 1));
+}
+
+/// Task `task`'s length in the tests of the counted status: its own, so that a sum shows
+/// which tasks it holds.
+fn length_of(task: usize) -> u64 {
+    1 + (task as u64 % 7) * 1000 + task as u64
+}
+
+#[test]
+fn a_completed_batch_shows_what_a_look_at_each_task_does() {
+    let batch = Arc::new(BatchInner::new(8));
+    for (first, n) in [(0, 3), (3, 5)] {
+        assert_eq!(batch.reserve(n).unwrap(), first);
+        let mut bytes = 0;
+        for task in first..first + n {
+            batch.start_task(task, 1, Opcode::Write, 0);
+            bytes += length_of(task);
+        }
+        batch.publish(first + n, bytes);
+        assert_eq!(batch.status().state, BatchState::Pending);
+        for task in first..first + n {
+            SliceCompletion::new(batch.clone(), task).succeed(length_of(task));
+        }
+        let (counted, walked) = (batch.status(), batch.walked_status(first + n));
+        assert_eq!(format!("{counted:?}"), format!("{walked:?}"));
+        assert_eq!(counted.state, BatchState::Completed);
+        assert_eq!(
+            counted.transferred_bytes,
+            (0..first + n).map(length_of).sum::<u64>()
+        );
+    }
+    // A room refused leaves nothing unfinished behind.
+    assert!(batch.reserve(1).is_err());
+    assert_eq!(batch.unfinished(), 0);
+    assert_eq!(batch.status().state, BatchState::Completed);
+    batch.mark_freed().unwrap();
+}
+
+#[test]
+fn a_batch_with_a_task_ended_otherwise_is_not_counted_completed() {
+    for ending in ["failed", "canceled", "timed out"] {
+        let batch = Arc::new(BatchInner::new(3));
+        batch.reserve(3).unwrap();
+        for task in 0..3 {
+            batch.start_task(task, 1, Opcode::Read, 0);
+        }
+        batch.publish(3, 3 * 4096);
+        SliceCompletion::new(batch.clone(), 0).succeed(4096);
+        SliceCompletion::new(batch.clone(), 1).succeed(4096);
+        let last = SliceCompletion::new(batch.clone(), 2);
+        match ending {
+            "failed" => last.fail(TransferError::ZeroLength),
+            "canceled" => {
+                let canceler = std::thread::spawn({
+                    let batch = batch.clone();
+                    move || batch.cancel()
+                });
+                std::thread::sleep(Duration::from_millis(20));
+                last.abandon();
+                assert_eq!(canceler.join().unwrap(), 1);
+            }
+            _ => {
+                batch.set_deadline(Some(Instant::now()));
+                assert_eq!(batch.status().pending, 1, "its slice is still out");
+                last.abandon();
+            }
+        }
+        let status = batch.status();
+        assert_eq!(
+            (
+                status.state,
+                status.completed,
+                status.failed,
+                status.pending
+            ),
+            (BatchState::Failed, 2, 1, 0),
+            "{ending}: {status:?}"
+        );
+        assert_eq!(status.transferred_bytes, 2 * 4096, "{ending}");
+    }
+}
+
+#[test]
+fn the_counted_status_holds_while_submits_race_and_tasks_complete() {
+    // Submits of 1..=3 tasks race on four threads, each completing its tasks as it goes;
+    // a reader that sees the batch completed must see exactly the bytes of the tasks it
+    // says were submitted.
+    const PER_THREAD: usize = 5000;
+    let batch = Arc::new(BatchInner::new(4 * PER_THREAD * 3));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = std::thread::spawn({
+        let (batch, stop) = (batch.clone(), stop.clone());
+        move || {
+            while !stop.load(Ordering::Acquire) {
+                let status = batch.status();
+                assert_eq!(status.failed, 0);
+                if status.state == BatchState::Completed {
+                    assert_eq!(status.completed, status.submitted, "{status:?}");
+                    let expected: u64 = (0..status.submitted).map(length_of).sum();
+                    assert_eq!(status.transferred_bytes, expected, "{status:?}");
+                }
+            }
+        }
+    });
+    let submitters: Vec<_> = (0..4)
+        .map(|thread| {
+            let batch = batch.clone();
+            std::thread::spawn(move || {
+                for round in 0..PER_THREAD {
+                    let n = 1 + (round + thread) % 3;
+                    let first = batch.reserve(n).unwrap();
+                    let mut bytes = 0;
+                    for task in first..first + n {
+                        batch.start_task(task, 1, Opcode::Write, 0);
+                        bytes += length_of(task);
+                    }
+                    batch.publish(first + n, bytes);
+                    for task in first..first + n {
+                        SliceCompletion::new(batch.clone(), task).succeed(length_of(task));
+                    }
+                }
+            })
+        })
+        .collect();
+    for submitter in submitters {
+        submitter.join().unwrap();
+    }
+    stop.store(true, Ordering::Release);
+    reader.join().unwrap();
+    let done = batch.status();
+    assert_eq!(done.state, BatchState::Completed);
+    let submitted = done.submitted;
+    assert_eq!(
+        done.transferred_bytes,
+        (0..submitted).map(length_of).sum::<u64>()
+    );
+    assert_eq!(
+        format!("{done:?}"),
+        format!("{:?}", batch.walked_status(submitted))
+    );
 }
