@@ -169,6 +169,53 @@ struct Alike {
     sum_ns: u64,
 }
 
+/// What a task that completed plainly leaves in its words, but for when it ended: a task
+/// whose words are these, with an end in the same latency bucket, is tallied as it was.
+struct Lane {
+    /// The state word below [`ENDED_SHIFT`]: completed, settled, the first transport.
+    state: u64,
+    /// The slice total and the progress word, whole: the operation, the length, the slices.
+    total: u32,
+    progress: u64,
+    /// What the task moved, all of it on its first transport.
+    bytes: u64,
+    slices: u64,
+}
+
+/// The bits of a task's state word that say when it ended.
+const ENDED_MASK: u64 = !((1 << ENDED_SHIFT) - 1);
+
+impl Lane {
+    /// How many of `tasks`, from the first, are tasks of this lane (ended, in `alike`'s
+    /// bucket, timed from `started_ns`); adds their times to `alike`.
+    fn count(&self, tasks: &[TaskState], started_ns: u64, alike: &mut Alike) -> usize {
+        let width = alike.below_ns.wrapping_sub(alike.from_ns);
+        let mut taken = 0;
+        let mut sum_ns = 0u64;
+        for t in tasks {
+            let word = t.state.load(Ordering::Acquire);
+            let ended = word >> ENDED_SHIFT;
+            // An end before the start (not seen: the clock is monotonic) wraps past the
+            // bucket and goes the general way, which saturates.
+            let ns = ended.wrapping_sub(started_ns);
+            if word & !ENDED_MASK != self.state
+                || ended == 0
+                || ns.wrapping_sub(alike.from_ns) >= width
+                || t.slices_total.load(Ordering::Relaxed) != self.total
+                || t.progress.load(Ordering::Acquire) != self.progress
+                || t.uncredited.load(Ordering::Acquire) != 0
+            {
+                break;
+            }
+            taken += 1;
+            sum_ns = sum_ns.wrapping_add(ns);
+        }
+        alike.tasks += taken as u64;
+        alike.sum_ns = alike.sum_ns.wrapping_add(sum_ns);
+        taken
+    }
+}
+
 /// The bit of [`Alike::key`] that marks a write: above any task's length.
 const WRITE_KEY: u64 = 1 << 63;
 const _: () = assert!(MAX_TASK_BYTES < WRITE_KEY);
@@ -189,54 +236,83 @@ impl Alike {
 }
 
 impl Sums {
-    /// Adds `tasks`, started at `started_ns`.
+    /// Adds `tasks`, started at `started_ns`. A task that completed plainly (one transport,
+    /// its bytes all its first's, timed) opens a [`Lane`]: the tasks after it that look
+    /// the same but for when they ended — the most of a submit's — are counted in a loop
+    /// of their own.
     fn add(&mut self, tasks: &[TaskState], started_ns: u64, tally: &mut Tally) {
-        let split = |word: u64| (word & MAX_TASK_BYTES, word >> PROGRESS_SHIFT);
-        for t in tasks {
-            let word = t.state.load(Ordering::Acquire);
-            let first = ((word & FIRST_MASK) >> FIRST_SHIFT) as usize;
-            if first == 0 {
-                continue;
+        let mut rest = tasks;
+        while let Some((task, after)) = rest.split_first() {
+            rest = after;
+            let lane = self.add_one(task, started_ns, tally);
+            if rest.is_empty() {
+                break;
             }
-            let total = t.slices_total.load(Ordering::Relaxed);
-            if total & RUN_FLAG != 0 {
-                // Its run tallies it.
-                continue;
-            }
-            // `uncredited` is added to before `progress` and read after: all of it that this
-            // `progress` holds is seen.
-            let (mut bytes, mut slices) = split(t.progress.load(Ordering::Acquire));
-            let (total_bytes, uncredited) = (bytes, t.uncredited.load(Ordering::Acquire));
-            if uncredited != 0 {
-                let (other_bytes, other_slices) = split(uncredited);
-                bytes = bytes.saturating_sub(other_bytes);
-                slices = slices.saturating_sub(other_slices);
-            }
-            if first != self.transport {
-                tally.moved(self.transport.wrapping_sub(1), self.bytes, self.slices);
-                (self.transport, self.bytes, self.slices) = (first, 0, 0);
-            }
-            self.bytes += bytes;
-            self.slices += slices;
-            let ended = word >> ENDED_SHIFT;
-            if ended != 0 && state_of(word) == COMPLETED {
-                let write = total & WRITE_FLAG != 0;
-                let (key, ns) = (
-                    Alike::key(write, total_bytes),
-                    ended.saturating_sub(started_ns),
-                );
-                let alike = &mut self.alike;
-                if key != alike.key || ns < alike.from_ns || ns >= alike.below_ns {
-                    alike.record(tally);
-                    let (bucket, from_ns, below_ns) = bucket_of(ns);
-                    alike.key = key;
-                    (alike.bucket, alike.from_ns, alike.below_ns) = (bucket, from_ns, below_ns);
-                }
-                alike.tasks += 1;
-                // Wraps only past 584 years of tasks' time.
-                alike.sum_ns = alike.sum_ns.wrapping_add(ns);
+            if let Some(lane) = lane {
+                let alike = lane.count(rest, started_ns, &mut self.alike);
+                self.bytes += alike as u64 * lane.bytes;
+                self.slices += alike as u64 * lane.slices;
+                rest = rest.get(alike..).unwrap_or_default();
             }
         }
+    }
+
+    /// Adds task `t`; the lane of the tasks like it, if it completed plainly.
+    #[inline]
+    fn add_one(&mut self, t: &TaskState, started_ns: u64, tally: &mut Tally) -> Option<Lane> {
+        let split = |word: u64| (word & MAX_TASK_BYTES, word >> PROGRESS_SHIFT);
+        let word = t.state.load(Ordering::Acquire);
+        let first = ((word & FIRST_MASK) >> FIRST_SHIFT) as usize;
+        if first == 0 {
+            return None;
+        }
+        let total = t.slices_total.load(Ordering::Relaxed);
+        if total & RUN_FLAG != 0 {
+            // Its run tallies it.
+            return None;
+        }
+        // `uncredited` is added to before `progress` and read after: all of it that this
+        // `progress` holds is seen.
+        let progress = t.progress.load(Ordering::Acquire);
+        let (mut bytes, mut slices) = split(progress);
+        let (total_bytes, uncredited) = (bytes, t.uncredited.load(Ordering::Acquire));
+        if uncredited != 0 {
+            let (other_bytes, other_slices) = split(uncredited);
+            bytes = bytes.saturating_sub(other_bytes);
+            slices = slices.saturating_sub(other_slices);
+        }
+        if first != self.transport {
+            tally.moved(self.transport.wrapping_sub(1), self.bytes, self.slices);
+            (self.transport, self.bytes, self.slices) = (first, 0, 0);
+        }
+        self.bytes += bytes;
+        self.slices += slices;
+        let ended = word >> ENDED_SHIFT;
+        if ended == 0 || state_of(word) != COMPLETED {
+            return None;
+        }
+        let write = total & WRITE_FLAG != 0;
+        let (key, ns) = (
+            Alike::key(write, total_bytes),
+            ended.saturating_sub(started_ns),
+        );
+        let alike = &mut self.alike;
+        if key != alike.key || ns < alike.from_ns || ns >= alike.below_ns {
+            alike.record(tally);
+            let (bucket, from_ns, below_ns) = bucket_of(ns);
+            alike.key = key;
+            (alike.bucket, alike.from_ns, alike.below_ns) = (bucket, from_ns, below_ns);
+        }
+        alike.tasks += 1;
+        // Wraps only past 584 years of tasks' time.
+        alike.sum_ns = alike.sum_ns.wrapping_add(ns);
+        (uncredited == 0).then_some(Lane {
+            state: word & !ENDED_MASK,
+            total,
+            progress,
+            bytes,
+            slices,
+        })
     }
 
     /// Adds what is left.
@@ -310,5 +386,85 @@ mod tests {
         let counted: u64 = got.iter().map(|l| l.count).sum();
         assert_eq!(counted, ended_us.len() as u64);
         assert!(got.len() >= 3, "reads, writes, two lengths: {got:?}");
+    }
+    #[test]
+    fn tasks_counted_together_come_out_as_counted_one_by_one() {
+        // Runs of tasks alike but for their ends (the lane), broken by every kind of task
+        // that is not: another length, operation or transport, slices another transport
+        // carried, a task of a run, one that failed or never started, an end in another
+        // bucket. The tally must be what one record per task makes.
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |below: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % below
+        };
+        for round in 0..40 {
+            let tasks = 1 + next(300) as usize;
+            let table = TaskTable::new(tasks);
+            let started = 1_000 + next(1_000);
+            table.record_start(0, started);
+            let mut expected = Tally::default();
+            let mut expected_moved = [(0u64, 0u64); 3];
+            let (mut len, mut write, mut transport) = (4096u64, true, 1u64);
+            let mut ended = started + 2_000;
+            for t in table.iter() {
+                // Mostly alike; now and then something else.
+                match next(12) {
+                    0 => len = 1 + next(1 << 20),
+                    1 => write = !write,
+                    2 => transport = 1 + next(3),
+                    3 => ended = started + next(50_000_000),
+                    _ => ended += next(3),
+                }
+                let slices = 1 + len / 65_536;
+                let kind = next(20);
+                let run = kind == 0;
+                let state = match kind {
+                    1 => u64::from(crate::batch::task::FAILED) | SETTLED,
+                    2 => 0, // never started: no first transport
+                    _ => u64::from(COMPLETED) | SETTLED | (ended << ENDED_SHIFT),
+                };
+                let first = if kind == 2 {
+                    0
+                } else {
+                    transport << FIRST_SHIFT
+                };
+                t.state.store(state | first, Ordering::SeqCst);
+                let flags = if write { WRITE_FLAG } else { 0 } | if run { RUN_FLAG } else { 0 };
+                t.slices_total
+                    .store(slices as u32 | flags, Ordering::SeqCst);
+                t.progress
+                    .store((slices << PROGRESS_SHIFT) | len, Ordering::SeqCst);
+                let (other_bytes, other_slices) = if kind == 3 { (len / 2, 1) } else { (0, 0) };
+                t.uncredited.store(
+                    (other_slices << PROGRESS_SHIFT) | other_bytes,
+                    Ordering::SeqCst,
+                );
+                if kind == 2 || run {
+                    continue;
+                }
+                let moved = &mut expected_moved[transport as usize - 1];
+                moved.0 += len - other_bytes;
+                moved.1 += slices - other_slices;
+                if kind != 1 {
+                    let ns = ended - started;
+                    let (bucket, _, _) = bucket_of(ns);
+                    expected.took(write, len, bucket, 1, ns);
+                }
+            }
+            let mut tally = Tally::default();
+            tally_tasks(&table, &mut tally);
+            let (got, want) = (tally.latencies(), expected.latencies());
+            assert_eq!(format!("{got:?}"), format!("{want:?}"), "round {round}");
+            for (transport, moved) in expected_moved.iter().enumerate() {
+                assert_eq!(
+                    tally.of(transport),
+                    *moved,
+                    "round {round}, transport {transport}"
+                );
+            }
+        }
     }
 }
