@@ -266,14 +266,10 @@ mod tests {
         runs
     }
 
-    /// A repeatable stream of numbers below a bound (xorshift), from `seed`.
-    fn below_from(mut seed: u64) -> impl FnMut(usize) -> usize {
-        move |below: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % below as u64) as usize
-        }
+    /// A repeatable stream of numbers below a bound, from `seed`.
+    fn below_from(seed: u64) -> impl FnMut(usize) -> usize {
+        let mut next = tern_testkit::random::below_from(seed);
+        move |below: usize| next(below as u64) as usize
     }
 
     fn tasks(range: std::ops::Range<u32>) -> Vec<u32> {

@@ -38,13 +38,11 @@ fn tcp_engine(merge: bool) -> TransferEngine {
 }
 
 /// A permutation of `0..n` from a fixed seed (xorshift, Fisher–Yates).
-fn shuffled(n: usize, mut seed: u64) -> Vec<usize> {
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
+    let mut below = tern_testkit::random::below_from(seed);
     for i in (1..n).rev() {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        order.swap(i, (seed % (i as u64 + 1)) as usize);
+        order.swap(i, below(i as u64 + 1) as usize);
     }
     order
 }

@@ -191,13 +191,8 @@ mod tests {
     /// Every answer of the map agrees with a brute-force check over random ranges.
     #[test]
     fn agrees_with_brute_force() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move |bound: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            (seed % bound) as usize
-        };
+        let mut below = tern_testkit::random::below_from(0x9e37_79b9_7f4a_7c15);
+        let mut next = move |bound: u64| below(bound) as usize;
         let mut map = RegionMap::new();
         let mut reference: Vec<(usize, usize)> = Vec::new();
         for _ in 0..2000 {

@@ -11,7 +11,11 @@ use std::time::{Duration, Instant};
 
 /// A connection to `addr` whose reads give up after 10 s (a test must fail, not hang).
 pub fn connect(addr: impl ToSocketAddrs) -> TcpStream {
-    let stream = TcpStream::connect(addr).expect("the server accepts connections");
+    with_read_bound(TcpStream::connect(addr).expect("the server accepts connections"))
+}
+
+/// `stream`, whose reads give up after 10 s.
+fn with_read_bound(stream: TcpStream) -> TcpStream {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .expect("a read timeout");
@@ -33,11 +37,7 @@ pub fn connect_as_named_peer(addr: SocketAddr) -> TcpStream {
     socket
         .connect(&addr.into())
         .expect("the server accepts connections");
-    let stream = TcpStream::from(socket);
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("a read timeout");
-    stream
+    with_read_bound(TcpStream::from(socket))
 }
 
 /// Everything the server sends until it closes (a reset counts as a close).

@@ -393,13 +393,7 @@ mod tests {
         // that is not: another length, operation or transport, slices another transport
         // carried, a task of a run, one that failed or never started, an end in another
         // bucket. The tally must be what one record per task makes.
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move |below: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % below
-        };
+        let mut next = tern_testkit::random::below_from(0x9e37_79b9_7f4a_7c15);
         for round in 0..40 {
             let tasks = 1 + next(300) as usize;
             let table = TaskTable::new(tasks);
