@@ -11,7 +11,7 @@ use crate::batch::{Batch, BatchInner, MAX_TASK_BYTES};
 use crate::engine::{EngineInner, TransferEngine};
 use crate::error::{EngineError, TransferError};
 use crate::merge::{Extent, PlanRoom, each_alone, plan};
-use crate::transport::{Parts, PeerSegment, Routes, Run, Slice, Submission, TaskPart};
+use crate::transport::{PeerSegment, Routes, RunHead, RunPool, Slice, Submission, TaskPart};
 use crate::types::{Opcode, SegmentId, TransferRequest, TransferStatus};
 
 /// How many of the submissions made lately in one submit call a request looks through for
@@ -36,6 +36,8 @@ struct Scratch {
     /// The slices for each transport (same index); a transport drains its list, and the
     /// room stays for the next submit.
     groups: Vec<Vec<Slice>>,
+    /// The merged runs made lately, made again in place once their tasks have ended.
+    runs: RunPool,
 }
 
 impl Scratch {
@@ -44,6 +46,7 @@ impl Scratch {
         plan_room: PlanRoom::EMPTY,
         submissions: Vec::new(),
         groups: Vec::new(),
+        runs: RunPool::EMPTY,
     };
 }
 
@@ -51,6 +54,14 @@ impl Default for Scratch {
     fn default() -> Self {
         Self::EMPTY
     }
+}
+
+/// What a submit call makes its merged runs with.
+struct RunMaking<'a> {
+    /// The thread's runs, made again in place once their tasks have ended.
+    runs: &'a mut RunPool,
+    /// When the call started: its tasks' start.
+    started_ns: u64,
 }
 
 thread_local! {
@@ -139,6 +150,7 @@ impl TransferEngine {
             plan_room,
             submissions,
             groups,
+            runs,
         } = scratch;
         let mut recent = Recent {
             submissions,
@@ -194,13 +206,14 @@ impl TransferEngine {
         groups.resize_with(self.inner.transports.len(), Vec::new);
         let expected = extents.len();
         let bytes: u64 = extents.iter().map(|extent| extent.len as u64).sum();
+        let mut making = RunMaking { runs, started_ns };
         if each_alone(extents, self.inner.merge_requests) {
             // What the planner would hand on, cut here in a loop of its own: requests that
             // cannot merge are cut and started with the submit's lists in registers.
             for alone in extents.iter() {
                 if !self.cut_alone(batch_inner, alone, submissions, groups, expected) {
                     let run = std::slice::from_ref(alone);
-                    self.cut_run(batch_inner, run, submissions, groups, expected, started_ns);
+                    self.cut_run(batch_inner, run, submissions, groups, expected, &mut making);
                 }
             }
         } else {
@@ -212,7 +225,7 @@ impl TransferEngine {
                 |run| match run {
                     [alone]
                         if self.cut_alone(batch_inner, alone, submissions, groups, expected) => {}
-                    _ => self.cut_run(batch_inner, run, submissions, groups, expected, started_ns),
+                    _ => self.cut_run(batch_inner, run, submissions, groups, expected, &mut making),
                 },
             );
         }
@@ -362,7 +375,7 @@ impl TransferEngine {
         submissions: &[Arc<Submission>],
         groups: &mut [Vec<Slice>],
         expected: usize,
-        started_ns: u64,
+        making: &mut RunMaking<'_>,
     ) {
         let Some(head) = run.first() else {
             return;
@@ -426,26 +439,25 @@ impl TransferEngine {
         }
         // Neighbours: one run, whose slices count down on it, not on each task. Each task
         // is started before any slice goes to a transport.
-        let kept = batch.kept.as_ref().map(|kept| &kept.parts);
-        let parts = Parts::collect(run.len(), kept, || {
-            run.iter().map(|extent| {
-                batch.start_run_task(extent.task as usize, opcode, transport_index);
-                TaskPart {
-                    start: extent.local,
-                    task: extent.task,
-                }
+        for extent in run {
+            batch.start_run_task(extent.task as usize, opcode, transport_index);
+        }
+        let parts = || {
+            run.iter().map(|extent| TaskPart {
+                start: extent.local,
+                task: extent.task,
             })
-        });
+        };
+        let head = RunHead {
+            end: local + run_len,
+            batch: batch.clone(),
+            slices: cuts.count(),
+            transport: transport_index,
+            write: opcode == Opcode::Write,
+            started_ns: making.started_ns,
+        };
+        let shared = making.runs.run(run.len(), batch.kept.as_ref(), parts, head);
         batch.tasks.count_run_tasks(run.len());
-        let shared = Arc::new(Run::new(
-            parts,
-            local + run_len,
-            batch.clone(),
-            cuts.count(),
-            transport_index,
-            opcode == Opcode::Write,
-            started_ns,
-        ));
         let mut part = 0;
         group.extend(cuts.pieces().map(|(offset, len)| {
             // Pieces and parts both ascend: the part holding a piece's start is at or after

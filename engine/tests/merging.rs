@@ -566,3 +566,113 @@ fn large_batches_one_after_another_each_start_with_every_task_new() {
         }
     }
 }
+
+/// One batch of runs submitted from this thread, its slices held.
+struct InFlight {
+    batch: Batch,
+    requests: Vec<TransferRequest>,
+    slices: Vec<Slice>,
+}
+
+/// Runs are made again in place once their tasks have ended: batches of merged runs
+/// submitted from one thread, up to three of them in flight at once, each resolved
+/// (its slices completed or failed in a random order) while others are held, and batches of
+/// more runs than the thread keeps. Every task of every batch ends with its own status and
+/// the bytes of its own slices that moved, whatever the runs it was in did before.
+#[test]
+fn runs_of_batches_in_flight_together_stay_their_own_and_runs_made_again_carry_nothing_over() {
+    // 300 runs of at most 21 parts (with the gap) fit in the 2 MiB each side has.
+    const PART: usize = 256;
+    let (engine, transport) = holding::holding_engine();
+    let buffer = engine.allocate(4 << 20, "cpu:0").unwrap();
+    let target = (buffer.addr() + (2 << 20)) as u64;
+    let mut below = tern_testkit::random::below_from(0x5EED_0F2B);
+    let mut in_flight: Vec<InFlight> = Vec::new();
+    let mut resolved = 0;
+    while resolved < 40 {
+        if in_flight.len() < 3 && below(2) == 0 {
+            // Runs of 2 to 20 neighbours, a gap after each: up to 300 runs a batch.
+            let most = if below(4) == 0 { 300 } else { 12 };
+            let runs = 1 + below(most) as usize;
+            let mut requests = Vec::new();
+            let mut at = 0;
+            for _ in 0..runs {
+                let parts = 2 + below(19) as usize;
+                let mut run = holding::neighbours_last_first(
+                    buffer.addr() + at,
+                    target + at as u64,
+                    parts,
+                    PART,
+                );
+                requests.append(&mut run);
+                at += (parts + 1) * PART;
+            }
+            let batch = engine.allocate_batch(requests.len()).unwrap();
+            engine.submit(&batch, &requests).unwrap();
+            let slices = transport.take();
+            assert!(slices.len() >= runs, "a slice or more a run");
+            in_flight.push(InFlight {
+                batch,
+                requests,
+                slices,
+            });
+            continue;
+        }
+        if in_flight.is_empty() {
+            continue;
+        }
+        let InFlight {
+            batch,
+            requests,
+            mut slices,
+        } = in_flight.swap_remove(below(in_flight.len() as u64) as usize);
+        // A random order; about one slice in eight fails.
+        for i in (1..slices.len()).rev() {
+            slices.swap(i, below(i as u64 + 1) as usize);
+        }
+        let mut failed = Vec::new();
+        let mut moved = vec![0u64; requests.len()];
+        for slice in slices {
+            let (start, len) = (slice.local_addr, slice.len);
+            if below(8) == 0 {
+                failed.push((start, len));
+                slice.fail_unsent(TransferError::Dropped("on purpose".into()));
+            } else {
+                for (task, request) in requests.iter().enumerate() {
+                    moved[task] += overlap(&slice, request.source, request.length);
+                }
+                slice.complete();
+            }
+        }
+        batch.wait(Duration::from_secs(10));
+        for (task, request) in requests.iter().enumerate() {
+            let status = batch.task_status(task).unwrap();
+            let in_failed = failed.iter().any(|&(start, len)| {
+                start < request.source + request.length && request.source < start + len
+            });
+            if in_failed {
+                assert!(
+                    matches!(
+                        status.status,
+                        TransferStatus::Failed(TransferError::Dropped(_))
+                    ),
+                    "batch {resolved}, task {task}: {status:?}"
+                );
+            } else {
+                assert_eq!(
+                    status.status,
+                    TransferStatus::Completed,
+                    "batch {resolved}, task {task}"
+                );
+            }
+            assert_eq!(
+                status.transferred_bytes, moved[task],
+                "batch {resolved}, task {task}"
+            );
+        }
+        engine
+            .free_batch(&batch)
+            .expect("no task left unfinished, none counted twice");
+        resolved += 1;
+    }
+}

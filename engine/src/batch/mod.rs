@@ -37,7 +37,7 @@ mod wait;
 
 pub use deadline::DRAIN;
 pub use handle::Batch;
-pub(crate) use kept::{Kept, KeptRoom};
+pub(crate) use kept::{KEEP_FROM, KeptRoom};
 pub(crate) use lifecycle::BatchInner;
 pub(crate) use table::tally_tasks;
 pub(crate) use task::MAX_TASK_BYTES;

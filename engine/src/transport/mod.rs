@@ -9,7 +9,7 @@
 //! ([`context`]) and how it fails outside a transfer ([`error`]); segments as transports see
 //! them ([`segment`]); the transports that reach a peer ([`routes`]); what the slices of one
 //! submit call share ([`submission`]); and the [`Slice`] itself ([`slice`](mod@slice)): the
-//! tasks a slice of a merged run carries ([`run`]), how it reports ([`outcome`]), cut into
+//! tasks a slice of a merged run carries ([`run`]), runs kept for use again ([`run_pool`]), how it reports ([`outcome`]), cut into
 //! pieces ([`cut`]) or handed to the next transport ([`decline`]).
 
 mod context;
@@ -20,6 +20,7 @@ mod error;
 mod outcome;
 mod routes;
 mod run;
+mod run_pool;
 mod segment;
 mod slice;
 mod submission;
@@ -28,7 +29,8 @@ pub use context::TransportContext;
 pub use contract::Transport;
 pub use error::TransportError;
 pub(crate) use routes::Routes;
-pub(crate) use run::{Parts, Run, TaskPart};
+pub(crate) use run::{RunHead, TaskPart};
+pub(crate) use run_pool::RunPool;
 pub use segment::{PeerSegment, keyless_buffer};
 pub use slice::Slice;
 pub use submission::Submission;

@@ -84,7 +84,7 @@ impl Slice {
             drop(submission);
             run.let_go(how, self.len, self.tasks_in(&run));
             // The last slice to let go of the run ends its tasks.
-            return drop(run);
+            return run.slice_gone();
         }
         let (task, bytes) = (self.task as usize, self.len as u64);
         if !done || self.rank != 0 {
@@ -129,7 +129,7 @@ impl Slice {
                     // Its hold on the pin goes before its hold on the run, whose last
                     // slice to let go ends the run's tasks.
                     drop(submission);
-                    drop(run);
+                    run.slice_gone();
                 }
             }
             return;

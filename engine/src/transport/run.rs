@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::slice::Slice;
-use crate::batch::{BatchInner, Kept};
+use crate::batch::{BatchInner, KEEP_FROM, KeptRoom};
 use crate::stats::bucket_of;
 
 /// One request's part of a merged run: its task, from its local start address up to the
@@ -35,32 +35,92 @@ pub(crate) enum Parts {
         parts: [TaskPart; FEW_PARTS],
         len: usize,
     },
-    /// Many parts, in room of their own or in the room of a large run gone (`kept`).
+    /// Many parts, in room of their own.
     Many(Vec<TaskPart>),
+    /// Very many parts, in room that goes back to `room` with the run (a large batch's),
+    /// for the large runs to come.
+    Kept {
+        parts: Vec<TaskPart>,
+        room: Arc<KeptRoom>,
+    },
 }
 
 impl Parts {
-    /// The `len` parts `parts()` yields; many in the room of a large run gone when `kept`
-    /// has one.
+    /// The `len` parts `parts()` yields; very many in the room of a large run gone when
+    /// `kept` has one.
     pub(crate) fn collect<I: Iterator<Item = TaskPart>>(
         len: usize,
-        kept: Option<&Kept<TaskPart>>,
+        kept: Option<&Arc<KeptRoom>>,
         parts: impl FnOnce() -> I,
     ) -> Self {
-        if len > FEW_PARTS {
-            let mut many = kept.map_or_else(|| Vec::with_capacity(len), |kept| kept.room(len));
-            many.extend(parts());
-            return Self::Many(many);
+        let mut collected = Self::Few {
+            parts: [TaskPart { start: 0, task: 0 }; FEW_PARTS],
+            len: 0,
+        };
+        collected.refill(len, kept, parts);
+        collected
+    }
+
+    /// Replaces the parts with the `len` parts `parts()` yields, in the room they had
+    /// where it fits: a run used again allocates nothing.
+    pub(crate) fn refill<I: Iterator<Item = TaskPart>>(
+        &mut self,
+        len: usize,
+        kept: Option<&Arc<KeptRoom>>,
+        parts: impl FnOnce() -> I,
+    ) {
+        if len <= FEW_PARTS {
+            if !matches!(self, Self::Few { .. }) {
+                *self = Self::Few {
+                    parts: [TaskPart { start: 0, task: 0 }; FEW_PARTS],
+                    len: 0,
+                };
+            }
+            if let Self::Few {
+                parts: few,
+                len: count,
+            } = self
+            {
+                *count = 0;
+                for (slot, part) in few.iter_mut().zip(parts()) {
+                    *slot = part;
+                    *count += 1;
+                }
+            }
+            return;
         }
-        let mut few = [TaskPart { start: 0, task: 0 }; FEW_PARTS];
-        let mut count = 0;
-        for (slot, part) in few.iter_mut().zip(parts()) {
-            *slot = part;
-            count += 1;
+        match (self, kept) {
+            (Self::Many(many), _) if len < KEEP_FROM => {
+                many.clear();
+                many.extend(parts());
+            }
+            (this, Some(room)) if len >= KEEP_FROM => {
+                let mut many = room.parts.room(len);
+                many.extend(parts());
+                *this = Self::Kept {
+                    parts: many,
+                    room: room.clone(),
+                };
+            }
+            (this, _) => *this = Self::Many(parts().collect()),
         }
-        Self::Few {
-            parts: few,
-            len: count,
+    }
+
+    /// The parts' room apart from the run's own, for a pool of runs to bound what it
+    /// holds; `None` for room that goes back to a large batch's.
+    pub(super) fn room(&self) -> Option<usize> {
+        match self {
+            Self::Few { .. } => Some(0),
+            Self::Many(parts) => Some(parts.capacity()),
+            Self::Kept { .. } => None,
+        }
+    }
+}
+
+impl Drop for Parts {
+    fn drop(&mut self) {
+        if let Self::Kept { parts, room } = self {
+            room.parts.keep(std::mem::take(parts));
         }
     }
 }
@@ -71,30 +131,56 @@ impl std::ops::Deref for Parts {
     fn deref(&self) -> &[TaskPart] {
         match self {
             Self::Few { parts, len } => parts.get(..*len).unwrap_or_default(),
-            Self::Many(parts) => parts,
+            Self::Many(parts) | Self::Kept { parts, .. } => parts,
         }
     }
 }
 
-/// A merged run, shared by its slices.
+/// A merged run, shared by its slices. Its tasks end when the last of its slices lets go
+/// ([`Run::slice_gone`]), not when the run itself goes: a run whose tasks ended can be
+/// used again for another run ([`RunPool`](super::RunPool)).
 #[derive(Debug)]
 pub(crate) struct Run {
     /// The requests' parts, in address order.
     pub(super) parts: Parts,
     /// Where the run ends locally.
     end: usize,
-    /// The batch its tasks are in (held here once, not by each slice's report).
-    batch: Arc<BatchInner>,
     /// Slices it was cut into, pieces included.
     slices: AtomicUsize,
+    /// Slices that have not let go yet.
+    holding: AtomicUsize,
     /// The transport its slices go to first, and whether it is a write: what the tally
     /// counts the run under.
     transport: usize,
     write: bool,
     /// When the submit call that made it started (`stats::clock_ns`): its tasks' start.
     started_ns: u64,
-    /// What the slices that let go other than moved by the first transport left.
-    trouble: Mutex<Trouble>,
+    /// The batch, until the run's end takes it, and what the slices that let go other
+    /// than moved by the first transport left.
+    ending: Mutex<Ending>,
+}
+
+/// What a run's end takes.
+#[derive(Debug, Default)]
+struct Ending {
+    /// The batch its tasks are in (held here once, not by each slice's report); taken by
+    /// the end, so that a run kept for use again holds no batch.
+    batch: Option<Arc<BatchInner>>,
+    trouble: Trouble,
+}
+
+/// What a run is, apart from its parts.
+pub(crate) struct RunHead {
+    /// Where the run ends locally.
+    pub(crate) end: usize,
+    pub(crate) batch: Arc<BatchInner>,
+    /// Slices it is cut into.
+    pub(crate) slices: usize,
+    /// The transport its slices go to first.
+    pub(crate) transport: usize,
+    pub(crate) write: bool,
+    /// When the submit call that makes it started.
+    pub(crate) started_ns: u64,
 }
 
 /// What the slices of a run that did not simply move their bytes left for its end.
@@ -133,33 +219,60 @@ pub(super) enum Letting {
 }
 
 impl Run {
-    /// A run of `parts` (the requests' tasks and starts, in address order), ending at `end`,
-    /// cut into `slices` slices that go to `transport` first, by a submit call that started
-    /// at `started_ns`.
-    pub(crate) fn new(
-        parts: Parts,
-        end: usize,
-        batch: Arc<BatchInner>,
-        slices: usize,
-        transport: usize,
-        write: bool,
-        started_ns: u64,
-    ) -> Self {
+    /// A run of `parts` (the requests' tasks and starts, in address order) as `head` says.
+    pub(crate) fn new(parts: Parts, head: RunHead) -> Self {
         Self {
             parts,
-            end,
-            batch,
-            slices: AtomicUsize::new(slices),
-            transport,
-            write,
-            started_ns,
-            trouble: Mutex::default(),
+            end: head.end,
+            slices: AtomicUsize::new(head.slices),
+            holding: AtomicUsize::new(head.slices),
+            transport: head.transport,
+            write: head.write,
+            started_ns: head.started_ns,
+            ending: Mutex::new(Ending {
+                batch: Some(head.batch),
+                trouble: Trouble::default(),
+            }),
+        }
+    }
+
+    /// Makes this run, whose tasks ended, the run `head` says (its parts refilled by the
+    /// caller).
+    pub(super) fn reset(&mut self, head: RunHead) {
+        self.end = head.end;
+        *self.slices.get_mut() = head.slices;
+        *self.holding.get_mut() = head.slices;
+        self.transport = head.transport;
+        self.write = head.write;
+        self.started_ns = head.started_ns;
+        let ending = self.ending.get_mut();
+        ending.batch = Some(head.batch);
+        ending.trouble = Trouble::default();
+    }
+
+    /// Ends the run's tasks if no slice did: a run can go back to its pool only after
+    /// its last slice let go, which ended them, but should a slice ever go without
+    /// letting go, its tasks end here rather than wait forever.
+    pub(super) fn end_if_left(&mut self) {
+        if self.ending.get_mut().batch.is_some() {
+            self.end_tasks();
         }
     }
 
     /// A slice of the run is about to be cut into `more` more pieces.
     pub(super) fn add_slices(&self, more: usize) {
         self.slices.fetch_add(more, Ordering::Relaxed);
+        self.holding.fetch_add(more, Ordering::Relaxed);
+    }
+
+    /// A slice of the run lets go of it, after its hold on the pin: the last one ends the
+    /// run's tasks.
+    pub(super) fn slice_gone(&self) {
+        // Release: what each slice recorded comes before the count; acquire: the last one
+        // sees all of it.
+        if self.holding.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.end_tasks();
+        }
     }
 
     /// A slice holding `tasks` (each with its bytes in the slice) let go as `how`, other
@@ -174,12 +287,12 @@ impl Run {
         match how {
             Letting::Moved => {}
             Letting::MovedByOther => {
-                let mut trouble = self.trouble.lock();
+                let trouble = &mut self.ending.lock().trouble;
                 trouble.other_bytes += len as u64;
                 trouble.other_slices += 1;
             }
             Letting::Unmoved => {
-                let mut trouble = self.trouble.lock();
+                let trouble = &mut self.ending.lock().trouble;
                 trouble
                     .unmoved
                     .extend(tasks.map(|(task, bytes)| (task as u32, bytes)));
@@ -193,19 +306,26 @@ impl Run {
     /// recorded under the lock a tally reads them with, before any task is counted
     /// finished: whoever sees the batch done, or reads a tally after seeing a task end,
     /// sees them.
+    /// Runs once: the end takes the batch.
     #[inline(never)]
-    fn end_tasks(&mut self) {
-        let mut trouble = std::mem::take(self.trouble.get_mut());
+    fn end_tasks(&self) {
+        let (batch, mut trouble) = {
+            let mut ending = self.ending.lock();
+            let Some(batch) = ending.batch.take() else {
+                return;
+            };
+            (batch, std::mem::take(&mut ending.trouble))
+        };
         if !trouble.unmoved.is_empty() {
             trouble.unmoved.sort_unstable_by_key(|&(task, _)| task);
         }
         let Some(first) = self.parts.first() else {
             return;
         };
-        let batch = &self.batch;
+        let batch = &batch;
         let ended_ns = batch.ended_ns();
         let finished = if batch.timer.is_none() {
-            self.release(&trouble, ended_ns, |_| {})
+            self.release(batch, &trouble, ended_ns, |_| {})
         } else {
             let unmoved: u64 = trouble.unmoved.iter().map(|&(_, bytes)| bytes).sum();
             let bytes =
@@ -220,7 +340,7 @@ impl Run {
                 // Completed tasks of one length in a row are recorded together: a run's
                 // requests are mostly of one length (a cache's pages).
                 let mut alike = (0u64, 0u64);
-                let finished = self.release(&trouble, ended_ns, |len| {
+                let finished = self.release(batch, &trouble, ended_ns, |len| {
                     if alike.0 != len {
                         if alike.1 > 0 {
                             tally.took(
@@ -255,7 +375,13 @@ impl Run {
     /// Gives each task the run as its one slice, with the bytes of it `trouble` does not
     /// say went unmoved; `completed` is told the length of each that completed. Returns
     /// how many finished.
-    fn release(&self, trouble: &Trouble, ended_ns: u64, completed: impl FnMut(u64)) -> usize {
+    fn release(
+        &self,
+        batch: &BatchInner,
+        trouble: &Trouble,
+        ended_ns: u64,
+        completed: impl FnMut(u64),
+    ) -> usize {
         // Last part first: each ends where the one after starts.
         let mut part_end = self.end;
         let parts = self.parts.iter().rev().map(|part| {
@@ -265,26 +391,23 @@ impl Run {
         });
         if trouble.unmoved.is_empty() {
             let all_moved = parts.map(|(task, len)| (task, len, len));
-            self.batch.release_run_tasks(all_moved, ended_ns, completed)
+            batch.release_run_tasks(all_moved, ended_ns, completed)
         } else {
             let moved = |(task, len): (usize, u64)| {
                 let unmoved = trouble.unmoved_of(task as u32);
                 (task, len, len.saturating_sub(unmoved))
             };
-            self.batch
-                .release_run_tasks(parts.map(moved), ended_ns, completed)
+            batch.release_run_tasks(parts.map(moved), ended_ns, completed)
         }
     }
 }
 
-/// The last slice of a run lets go of it: every slice has let go of its hold on the pin
-/// before (a slice lets go of its submission first), so the run's tasks end here.
+/// A run goes after its last slice: its tasks ended then ([`Run::slice_gone`]). Should a
+/// slice ever go without letting go of it, the run's tasks end here all the same, rather
+/// than wait forever.
 impl Drop for Run {
     fn drop(&mut self) {
         self.end_tasks();
-        if let (Parts::Many(parts), Some(kept)) = (&mut self.parts, &self.batch.kept) {
-            kept.parts.keep(std::mem::take(parts));
-        }
     }
 }
 
