@@ -194,7 +194,22 @@ pub(crate) fn each_alone(extents: &[Extent], merge: bool) -> bool {
     !merge
         || extents
             .windows(2)
-            .all(|pair| !pair[0].neighbours(&pair[1]) && pair[0].order() < pair[1].order())
+            .all(|pair| apart_in_order(&pair[0], &pair[1]))
+}
+
+/// Whether `next`, submitted after `extent`, neither continues it nor sits before it.
+#[inline(always)]
+fn apart_in_order(extent: &Extent, next: &Extent) -> bool {
+    if extent.submission == next.submission && extent.opcode == next.opcode {
+        // Most pairs: one region, one way. In order is after it (a later task at the same
+        // address would be too, but the planner sorts those out); a neighbour starts where
+        // it ends.
+        return extent.local < next.local
+            && !(extent.local.checked_add(extent.len) == Some(next.local)
+                && extent.remote.checked_add(extent.len as u64) == Some(next.remote)
+                && extent.buffer == next.buffer);
+    }
+    !extent.neighbours(next) && extent.order() < next.order()
 }
 
 /// Hands `each_run` a run of neighbours, cut where it would pass `max_run` bytes (a request
@@ -411,31 +426,50 @@ mod tests {
         // With merging off, every submit is each alone.
         assert!(each_alone(&swapped, false) && each_alone(&neighbours, false));
 
-        // Random sets of distinct pages, in address order or not: whenever `each_alone`
-        // says so, the planner's runs are one request each in submission order, and they
-        // are what a full sort of the requests gives.
+        // Random sets of distinct pages, in address order or not, and in half the rounds
+        // from two regions and going two ways: whenever `each_alone` says so, the planner's
+        // runs are one request each in submission order, and they are what a full sort of
+        // the requests gives.
         let mut next = below_from(0x9E37_79B9_7F4A_7C15);
-        let mut seen_alone = 0;
-        for round in 0..400 {
+        let (mut seen_alone, mut seen_mixed_alone) = (0, 0);
+        for round in 0..800 {
             let mut pages: Vec<usize> = (0..64).filter(|_| next(3) == 0).collect();
             if round % 2 == 1 && pages.len() > 1 {
                 let (a, b) = (next(pages.len()), next(pages.len()));
                 pages.swap(a, b);
             }
+            let mixed = round % 4 >= 2;
             let extents: Vec<Extent> = pages
                 .iter()
                 .enumerate()
-                .map(|(task, &p)| page(task as u32, p))
+                .map(|(task, &p)| {
+                    let mut extent = page(task as u32, p);
+                    if mixed {
+                        // Pages 0..32 from one region, 32..64 from another; in each, the
+                        // first 16 read, the others write: in address order, also in the
+                        // planner's order.
+                        extent.submission = u32::from(p >= 32);
+                        if p % 32 >= 16 {
+                            extent.opcode = Opcode::Write;
+                        }
+                    }
+                    extent
+                })
                 .collect();
             let found = runs(&extents, true, u64::MAX);
             assert_eq!(found, runs_of_a_full_sort(&extents, u64::MAX), "{pages:?}");
             if each_alone(&extents, true) {
                 seen_alone += 1;
+                seen_mixed_alone += usize::from(mixed);
                 let one_each: Vec<Vec<u32>> = (0..extents.len() as u32).map(|t| vec![t]).collect();
                 assert_eq!(found, one_each, "{pages:?}");
             }
         }
         assert!(seen_alone > 0, "no random set came out each alone");
+        assert!(
+            seen_mixed_alone > 0,
+            "no set from two regions came out each alone"
+        );
     }
 
     #[test]

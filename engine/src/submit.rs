@@ -614,23 +614,28 @@ impl Lane {
         first_task: usize,
         extents: &mut Vec<Extent>,
     ) -> usize {
-        let mut taken = 0;
-        for request in requests {
-            let Some(extent) = self.extent(request, first_task + taken) else {
-                break;
-            };
-            extents.push(extent);
-            taken += 1;
-        }
+        // Counted first, then pushed in one go: the check loop keeps the bounds in
+        // registers, and the pushes need no room check each.
+        let taken = requests
+            .iter()
+            .position(|request| !self.fits(request))
+            .unwrap_or(requests.len());
+        let taken_requests = requests.get(..taken).unwrap_or_default();
+        extents.extend(
+            taken_requests
+                .iter()
+                .enumerate()
+                .map(|(i, request)| self.extent_of(request, first_task + i)),
+        );
         taken
     }
 
-    /// `request`, task `task`, checked: its extent if it goes this way (to this peer, into
-    /// this buffer, from this region, with a length the full check would take).
+    /// Whether `request` goes this way (to this peer, into this buffer, from this region,
+    /// with a length the full check would take).
     #[inline]
-    fn extent(&self, request: &TransferRequest, task: usize) -> Option<Extent> {
+    fn fits(&self, request: &TransferRequest) -> bool {
         let len = request.length;
-        let fits = request.target == self.target
+        request.target == self.target
             && len != 0
             && len as u64 <= MAX_TASK_BYTES
             && request.target_offset >= self.remote_start
@@ -638,18 +643,20 @@ impl Lane {
             && self.remote_end - request.target_offset >= len as u64
             && request.source >= self.local_start
             && request.source <= self.local_end
-            && self.local_end - request.source >= len;
-        if !fits {
-            return None;
-        }
-        Some(Extent {
+            && self.local_end - request.source >= len
+    }
+
+    /// The extent of `request`, task `task`, which [`fits`](Self::fits).
+    #[inline]
+    fn extent_of(&self, request: &TransferRequest, task: usize) -> Extent {
+        Extent {
             local: request.source,
             remote: request.target_offset,
-            len,
+            len: request.length,
             task: task as u32,
             submission: self.submission,
             buffer: self.buffer,
             opcode: request.opcode,
-        })
+        }
     }
 }
