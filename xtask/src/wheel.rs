@@ -355,20 +355,36 @@ const SMALL_DESCRIPTOR_BYTES: usize = 64;
 /// the same run; with Mooncake's module (`MOONCAKE_PY`, or `mooncake`: prepared here) beside
 /// the drop-in, and with `large_descriptors` the 100 000 descriptors of 16 KiB too (their
 /// buffers take ~11 s to set up per `tern-bench` run). Reported, never fatal.
-pub fn bench(exe: &Path, duration: f64, mooncake: bool, large_descriptors: bool) {
-    if let Err(e) = bench_rows(exe, duration, mooncake, large_descriptors) {
+/// `python` is what [`bench_python`] made.
+pub fn bench(
+    python: &Result<PathBuf, String>,
+    exe: &Path,
+    duration: f64,
+    mooncake: bool,
+    large_descriptors: bool,
+) {
+    let rows = python
+        .clone()
+        .and_then(|python| bench_rows(&python, exe, duration, mooncake, large_descriptors));
+    if let Err(e) = rows {
         eprintln!("xtask: the Python benchmark failed: {e}");
     }
 }
 
+/// The bench's Python: the wheel built and installed in the bench's venv. A build, so the
+/// bench makes it before its sections' clock starts, as it builds `tern-bench`.
+pub fn bench_python() -> Result<PathBuf, String> {
+    let wheel = build(Variant::Default)?;
+    bench_venv(&wheel)
+}
+
 fn bench_rows(
+    python: &Path,
     exe: &Path,
     duration: f64,
     mooncake: bool,
     large_descriptors: bool,
 ) -> Result<(), String> {
-    let wheel = build(Variant::Default)?;
-    let python = bench_venv(&wheel)?;
     let mooncake = mooncake_python(mooncake)?;
     let rust_sized = |protocol: &str,
                       op: &str,
@@ -425,9 +441,9 @@ fn bench_rows(
         Ok(stdout.lines().last().unwrap_or_default().to_owned())
     };
     let python_row =
-        |case: &str, protocol: &str| python_output(bench_py(&python, case, protocol, &[]), case);
+        |case: &str, protocol: &str| python_output(bench_py(python, case, protocol, &[]), case);
     let paced_with = |case: &str, protocol: &str, extra: &[String]| {
-        Paced::start(bench_py(&python, case, protocol, extra))
+        Paced::start(bench_py(python, case, protocol, extra))
     };
     // The rounds of one case from one Python process (its engine idle while tern-bench runs):
     // a process and its target cost 1-6 s to start, the descriptors' 1.6 GB the most.

@@ -33,7 +33,7 @@ mod tcp;
 mod tern;
 mod watch;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::{Group, cargo, deps, root, run, shm, wheel};
 use instructions::instructions_per_request;
@@ -51,6 +51,7 @@ use watch::watch_latency;
 fn headline(
     progress: &mut Progress,
     exe: &Path,
+    python: &Result<PathBuf, String>,
     duration: f64,
     full: bool,
 ) -> Result<Vec<String>, String> {
@@ -61,7 +62,7 @@ fn headline(
     progress.section("KV-shaped pages vs 1 MiB requests, TCP and same-host");
     pages(exe, duration)?;
     progress.section("Python beside tern-bench");
-    wheel::bench(exe, duration, false, full);
+    wheel::bench(python, exe, duration, false, full);
     Ok(raw)
 }
 
@@ -93,7 +94,13 @@ pub(crate) fn command(args: &[String]) -> Result<(), String> {
         return Ok(());
     }
     if has("--python-only") {
-        wheel::bench(&exe, duration, has("--mooncake"), true);
+        wheel::bench(
+            &wheel::bench_python(),
+            &exe,
+            duration,
+            has("--mooncake"),
+            true,
+        );
         return Ok(());
     }
     if has("--shm-only") {
@@ -107,9 +114,11 @@ pub(crate) fn command(args: &[String]) -> Result<(), String> {
         tcp_profile(&exe, duration)?;
         return Ok(());
     }
+    // The wheel is built before the clock starts, as `tern-bench` is.
+    let python = wheel::bench_python();
     if !full {
         let mut progress = Progress::new(4);
-        headline(&mut progress, &exe, duration, false)?;
+        headline(&mut progress, &exe, &python, duration, false)?;
         progress.finish();
         println!(
             "(`cargo xtask bench --full` adds the plain same-host path, the cluster secret's cost, \
@@ -119,7 +128,7 @@ pub(crate) fn command(args: &[String]) -> Result<(), String> {
         return Ok(());
     }
     let mut progress = Progress::new(11);
-    let raw = headline(&mut progress, &exe, duration, true)?;
+    let raw = headline(&mut progress, &exe, &python, duration, true)?;
     let report = root().join("target/tern-bench-results.jsonl");
     let _ = std::fs::write(&report, raw.join("\n") + "\n");
     println!("\nraw TCP results: {}", report.display());
