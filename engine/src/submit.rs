@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tern_metadata::SegmentDesc;
 
-use crate::batch::{Batch, BatchInner, MAX_TASK_BYTES};
+use crate::batch::{Batch, BatchInner, MAX_CAPACITY, MAX_TASK_BYTES};
 use crate::engine::{EngineInner, TransferEngine};
 use crate::error::{EngineError, TransferError};
 use crate::merge::{Extent, PlanRoom, each_alone, plan};
@@ -83,9 +83,9 @@ struct Recent<'a> {
 impl TransferEngine {
     /// A new batch taking up to `capacity` requests.
     pub fn allocate_batch(&self, capacity: usize) -> Result<Batch, EngineError> {
-        if capacity == 0 || capacity > u32::MAX as usize {
+        if capacity == 0 || capacity > MAX_CAPACITY {
             return Err(EngineError::InvalidArgument(format!(
-                "batch capacity {capacity} is not in 1..=2^32-1"
+                "batch capacity {capacity} is not in 1..={MAX_CAPACITY}"
             )));
         }
         Ok(Batch {
@@ -140,6 +140,15 @@ impl TransferEngine {
         scratch: &mut Scratch,
     ) -> Result<(), EngineError> {
         let batch_inner = &batch.inner;
+        if requests.is_empty() {
+            // Nothing to reserve, time or start: no start recorded for the tasks of a later
+            // call, no deadline armed.
+            return if batch_inner.is_freed() {
+                Err(EngineError::BatchFreed)
+            } else {
+                Ok(())
+            };
+        }
         let (first, started_ns) =
             batch_inner.reserve_with_timeout(requests.len(), self.inner.transfer_timeout)?;
         // The peer of the request before, and its routes: a batch usually has one peer.

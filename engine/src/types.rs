@@ -125,11 +125,13 @@ pub struct TaskStatus {
     pub status: TransferStatus,
     /// Bytes moved so far.
     pub transferred_bytes: u64,
-    /// For a write that ended other than Completed: whether bytes of it may still land at
-    /// the peer after this status was read (a slice was cut off, or failed, after some of its
-    /// bytes had left, without their landing confirmed). False for reads, completed tasks and
-    /// writes whose unfinished slices never left. The local memory is never touched again
-    /// once a task shows Timeout, Canceled or Failed.
+    /// For an ended write: whether bytes of it may still land at the peer after this status
+    /// was read (a slice was cut off, or failed, after some of its bytes had left, without
+    /// their landing confirmed). False for reads and for writes whose unfinished slices never
+    /// left. A write shown Completed has it false: no byte of any earlier send of it (one
+    /// that a transport sent again on another connection, say) lands after it completed, so
+    /// its range may be written again at once. The local memory is never touched again once
+    /// a task shows Timeout, Canceled or Failed.
     pub remote_may_change: bool,
 }
 

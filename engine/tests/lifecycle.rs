@@ -479,3 +479,86 @@ fn stats_count_each_batch_once_while_batches_go_under_a_reader() {
     reader.join().unwrap();
     assert_eq!(hold_bytes(&engine), ((BATCHES + 1) * LEN) as u64);
 }
+
+/// An engine over the holding transport, with metrics on and the transfer timeout given.
+fn timed_engine(timeout: Option<Duration>) -> (TransferEngine, HoldingTransport) {
+    let transport = HoldingTransport::default();
+    let engine = TransferEngine::builder()
+        .local_server_name("127.0.0.1")
+        .transfer_timeout(timeout)
+        .metrics(true)
+        .transport(transport.clone())
+        .build()
+        .unwrap();
+    (engine, transport)
+}
+
+/// A 100-byte write within a new 64 KiB buffer (kept while the write may run).
+fn a_write_request(engine: &TransferEngine) -> (OwnedBuffer, TransferRequest) {
+    let buffer = engine.allocate(1 << 16, "cpu:0").unwrap();
+    let request = TransferRequest::write(
+        buffer.addr(),
+        SegmentId::LOCAL,
+        buffer.addr() as u64 + 4096,
+        100,
+    );
+    (buffer, request)
+}
+
+#[test]
+fn an_empty_submit_arms_no_deadline() {
+    let (engine, transport) = timed_engine(Some(Duration::from_millis(100)));
+    let (_buffer, request) = a_write_request(&engine);
+    let batch = engine.allocate_batch(2).unwrap();
+    engine.submit(&batch, &[]).unwrap();
+    assert_eq!(batch.status().submitted, 0, "an empty submit takes no slot");
+    // Longer than the transfer timeout: a deadline the empty call armed would have passed.
+    std::thread::sleep(Duration::from_millis(300));
+    engine.submit(&batch, &[request]).unwrap();
+    assert_eq!(
+        batch.task_status(0).unwrap().status,
+        TransferStatus::Pending,
+        "the batch's deadline runs from its first request"
+    );
+    for slice in transport.take() {
+        slice.complete();
+    }
+    let status = batch.wait(Duration::from_secs(10));
+    assert_eq!(status.completed, 1, "{status:?}");
+    engine.free_batch(&batch).unwrap();
+    assert!(matches!(
+        engine.submit(&batch, &[]),
+        Err(EngineError::BatchFreed)
+    ));
+}
+
+#[test]
+fn an_empty_submit_is_not_the_start_a_later_task_is_timed_from() {
+    let (engine, transport) = timed_engine(None);
+    let (_buffer, request) = a_write_request(&engine);
+    let batch = engine.allocate_batch(2).unwrap();
+    // Task 0, done at once.
+    engine.submit(&batch, &[request]).unwrap();
+    for slice in transport.take() {
+        slice.complete();
+    }
+    engine.submit(&batch, &[]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // Task 1, done at once too.
+    engine.submit(&batch, &[request]).unwrap();
+    for slice in transport.take() {
+        slice.complete();
+    }
+    let status = batch.wait(Duration::from_secs(10));
+    assert_eq!((status.completed, status.submitted), (2, 2), "{status:?}");
+    let stats = engine.stats();
+    let (count, seconds) = stats
+        .latency
+        .iter()
+        .fold((0, 0.0), |(n, s), l| (n + l.count, s + l.sum_seconds));
+    assert_eq!(count, 2, "{:?}", stats.latency);
+    assert!(
+        seconds < 0.25,
+        "a task was timed from the empty call: {seconds} s in all"
+    );
+}

@@ -676,3 +676,94 @@ fn runs_of_batches_in_flight_together_stay_their_own_and_runs_made_again_carry_n
         resolved += 1;
     }
 }
+
+/// How long a wait that asked for `asked` took, and what it showed.
+fn timed_wait(batch: &Batch, asked: Duration) -> (Duration, tern_engine::BatchStatus) {
+    let started = std::time::Instant::now();
+    let status = batch.wait(asked);
+    (started.elapsed(), status)
+}
+
+/// What "within its timeout" allows for on a shared machine: far below the drain time, which
+/// is what a wait took before it kept its timeout.
+const WAIT_SLACK: Duration = Duration::from_millis(500);
+
+#[test]
+fn a_wait_keeps_its_timeout_while_a_run_with_a_failed_task_still_moves() {
+    // Ten tasks in one run of 4 KiB slices, one per task: the first slice fails, the rest
+    // are held (moving, as far as the engine knows).
+    let (engine, transport, batch, _buffer, requests) = held_run(10, 4096);
+    let mut slices = transport.take();
+    assert_eq!(slices.len(), 10);
+    slices.sort_by_key(|s| s.local_addr);
+    let first = slices.remove(0);
+    let failed_task = requests
+        .iter()
+        .position(|r| overlap(&first, r.source, r.length) > 0)
+        .unwrap();
+    first.fail_unsent(TransferError::Dropped("on purpose".into()));
+    let cut_offs_before = transport.cut_offs.load(std::sync::atomic::Ordering::SeqCst);
+    // A caller polling with short waits: each returns within its timeout.
+    for asked in [Duration::ZERO, Duration::from_millis(10), Duration::ZERO] {
+        let (took, status) = timed_wait(&batch, asked);
+        assert!(took < asked + WAIT_SLACK, "wait({asked:?}) took {took:?}");
+        assert_eq!(
+            status.pending, 10,
+            "the run's tasks end together: {status:?}"
+        );
+    }
+    for _ in 0..20 {
+        let _ = batch.status();
+        let _ = batch.wait(Duration::from_millis(5));
+    }
+    // Nothing of an ended task is left to cut off: the run's other slices carry live tasks.
+    assert_eq!(
+        transport.cut_offs.load(std::sync::atomic::Ordering::SeqCst),
+        cut_offs_before,
+        "waiters asked for cut-offs that could not hasten anything"
+    );
+    assert_eq!(transport.take().len(), 0, "the held slices are the test's");
+    for slice in slices {
+        slice.complete();
+    }
+    let status = batch.wait(Duration::from_secs(10));
+    assert_eq!((status.completed, status.failed), (9, 1), "{status:?}");
+    assert!(matches!(
+        batch.task_status(failed_task).unwrap().status,
+        TransferStatus::Failed(TransferError::Dropped(_))
+    ));
+    engine.free_batch(&batch).unwrap();
+}
+
+#[test]
+fn a_wait_keeps_its_timeout_while_timed_out_slices_have_not_let_go() {
+    let (engine, transport, batch, _buffer, _requests) = held_run(4, 4096);
+    // A transport that does not give slices back when asked.
+    transport
+        .deaf
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    batch.set_deadline(Some(std::time::Instant::now()));
+    let (took, status) = timed_wait(&batch, Duration::from_millis(20));
+    assert!(
+        took < Duration::from_millis(20) + WAIT_SLACK,
+        "wait(20 ms) took {took:?}"
+    );
+    assert_eq!(status.pending, 4, "timed out, slices still out: {status:?}");
+    assert!(
+        transport.cut_offs.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "the timed-out tasks' slices were asked to be cut off"
+    );
+    // Once they let go, the tasks show their end.
+    for slice in transport.take() {
+        slice.cut_off(false);
+    }
+    let status = batch.wait(Duration::from_secs(10));
+    assert_eq!((status.failed, status.pending), (4, 0), "{status:?}");
+    for task in 0..4 {
+        assert_eq!(
+            batch.task_status(task).unwrap().status,
+            TransferStatus::Timeout
+        );
+    }
+    engine.free_batch(&batch).unwrap();
+}

@@ -7,7 +7,7 @@
 //! it, which destroys the QPs. So no QP outlives its use, and the store's bound caps them all.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -85,6 +85,9 @@ pub(crate) struct Endpoint {
     /// node (random, 24 bits; sent in the handshake's `psn`).
     pub psn: u32,
     state: AtomicU8,
+    /// Whether the peer accepted this endpoint's handshake request (our side's, not yet
+    /// necessarily connected): it then replaced whatever QPs it had for this NIC's path.
+    answered: AtomicBool,
     /// Serialises QP state changes, which the worker, a handshake thread and the RPC
     /// server may attempt at once.
     pairing: Mutex<Pairing>,
@@ -114,6 +117,7 @@ impl Endpoint {
             qps,
             psn: crate::handshake::random_psn(),
             state: AtomicU8::new(state as u8),
+            answered: AtomicBool::new(false),
             pairing: Mutex::new(Pairing {
                 peer_qps: Vec::new(),
                 since: Instant::now(),
@@ -128,6 +132,18 @@ impl Endpoint {
     /// The peer QPs this endpoint is connected to (empty before it is).
     pub fn peer_qps(&self) -> Vec<u32> {
         self.pairing.lock().peer_qps.clone()
+    }
+
+    /// The peer accepted this endpoint's handshake request.
+    pub fn mark_answered(&self) {
+        self.answered.store(true, Ordering::Release);
+    }
+
+    /// Whether the peer accepted this endpoint's handshake request: it replaced the QPs it
+    /// had for this NIC's path then (`Shared::answer`; a Mooncake peer resets them), so
+    /// nothing an earlier endpoint on the path sent lands through them any more.
+    pub fn answered(&self) -> bool {
+        self.answered.load(Ordering::Acquire)
     }
 
     pub fn state(&self) -> State {

@@ -534,6 +534,7 @@ impl Transport for RdmaTransport {
                         key: route.key,
                         lkey: route.lkey,
                         rkey: route.rkey,
+                        fence: false,
                     });
                 }
                 // No path to the peer's NICs: another transport may still reach it.

@@ -125,6 +125,64 @@ fn a_canceled_write_stops_before_its_next_piece_and_says_nothing_more_lands() {
         .expect("unregistering the canceled write's buffer succeeds at once");
 }
 
+/// What `buffer` holds in `[at, at + len)`, hashed.
+fn digest(buffer: &tern_engine::OwnedBuffer, at: usize, len: usize) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut bytes = vec![0u8; len];
+    buffer.read_at(at, &mut bytes).unwrap();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The same-host equivalent of a lagging old path is a copy still running after its slice
+/// reported: none is. Write A and write B run at once; B is canceled in the middle of its
+/// copy, and from the moment its cancel returns its range no longer changes. A completes,
+/// and write C over A's range, made after, is what the range keeps.
+#[test]
+fn no_byte_of_a_write_lands_after_its_task_is_reported_ended() {
+    let pair = pair();
+    let local = pair.initiator.allocate(LEN, "cpu:0").unwrap();
+    let half = LEN / 2;
+    let a_bytes: Vec<u8> = (0..half).map(|i| (i % 241) as u8).collect();
+    let c_bytes: Vec<u8> = (0..half).map(|i| (i % 239) as u8 ^ 0xc3).collect();
+    local.write_at(0, &a_bytes).unwrap();
+    local.write_at(half, &vec![0xb7; half]).unwrap();
+    let write = |from: usize, to: usize| {
+        let batch = pair.initiator.allocate_batch(1).unwrap();
+        let request = TransferRequest::write(
+            local.addr() + from,
+            pair.peer,
+            (pair.remote.addr() + to) as u64,
+            half,
+        );
+        pair.initiator.submit(&batch, &[request]).unwrap();
+        batch
+    };
+    let a = write(0, 0);
+    let b = write(half, half);
+    assert_eq!(b.cancel(), 1);
+    let b_status = b.task_status(0).unwrap();
+    assert_eq!(b_status.status, TransferStatus::Canceled, "{b_status:?}");
+    assert!(!b_status.remote_may_change, "{b_status:?}");
+    let b_range = digest(&pair.remote, half, half);
+    a.wait(Duration::from_secs(60));
+    assert_eq!(a.task_status(0).unwrap().status, TransferStatus::Completed);
+    local.write_at(0, &c_bytes).unwrap();
+    let c = write(0, 0);
+    c.wait(Duration::from_secs(60));
+    assert_eq!(c.task_status(0).unwrap().status, TransferStatus::Completed);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        digest(&pair.remote, half, half),
+        b_range,
+        "bytes of the canceled write landed after its cancel returned"
+    );
+    let mut landed = vec![0u8; half];
+    pair.remote.read_at(0, &mut landed).unwrap();
+    assert!(landed == c_bytes, "A's range does not hold C");
+}
+
 /// How long a timed-out read takes to return with its memory back, over 100 timeouts cut in
 /// the middle of a copy (run with `--ignored --nocapture`).
 #[test]

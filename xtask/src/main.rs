@@ -17,6 +17,7 @@ mod bench;
 mod fuzz;
 mod gpu;
 mod memcheck;
+mod needs;
 mod shm;
 mod soak;
 mod softroce;
@@ -143,6 +144,14 @@ const PACKAGES: &[Package] = &[
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // Each command installs what its builds and runs need before anything else.
+    if let Some(command) = args.first()
+        && needs::NEEDS.iter().any(|n| n.command == command)
+        && let Err(message) = needs::install_for(command)
+    {
+        eprintln!("xtask: {message}");
+        return ExitCode::FAILURE;
+    }
     let result = match args.first().map(String::as_str) {
         Some("deps") => deps(&[Group::Build, Group::Services, Group::Bench, Group::Guest]),
         Some("test") => test(&args[1..]),
@@ -271,7 +280,6 @@ fn deps(groups: &[Group]) -> Result<(), String> {
 
 fn test(extra: &[String]) -> Result<(), String> {
     let started = Instant::now();
-    deps(&[Group::Build, Group::Services])?;
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--check"]);
     run(fmt, "cargo fmt --check")?;
@@ -295,6 +303,19 @@ fn test(extra: &[String]) -> Result<(), String> {
     let mut standin = cargo();
     standin.args(["build", "-p", "tern-cuda-standin"]);
     run(standin, "cargo build -p tern-cuda-standin")?;
+    // The batch bookkeeping under loom, every interleaving of its atomics (a build of its
+    // own: loom's atomics work only inside the model).
+    let mut model = cargo();
+    model.args([
+        "test",
+        "-p",
+        "tern-engine",
+        "--features",
+        "loom",
+        "--lib",
+        "batch::model",
+    ]);
+    run(model, "the batch bookkeeping's loom model")?;
     let etcd = start_etcd(None)?;
     eprintln!("xtask: etcd for the tests at {}", etcd.endpoint);
     let mut tests = cargo();
@@ -345,7 +366,6 @@ fn start_etcd(client_port: Option<u16>) -> Result<Etcd, String> {
 }
 
 fn etcd_for_people(args: &[String]) -> Result<(), String> {
-    deps(&[Group::Services])?;
     let port = args
         .windows(2)
         .find(|w| w[0] == "--port")

@@ -18,7 +18,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use crate::{Group, deps, test_executables};
+use crate::test_executables;
 
 /// The packages whose test binaries run under valgrind: all of them but [`LEFT_OUT`].
 const PACKAGES: [&str; 2] = ["tern-transport-tcp", "tern-engine"];
@@ -47,7 +47,6 @@ pub fn command(args: &[String]) -> Result<(), String> {
             "memcheck: unknown argument {arg:?}; usage: cargo xtask memcheck"
         ));
     }
-    deps(&[Group::Services])?;
     let started = Instant::now();
     let mut cargo_args = Vec::new();
     for package in PACKAGES {

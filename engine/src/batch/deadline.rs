@@ -1,10 +1,10 @@
 //! Ending a batch's tasks early: its deadline, cancel, and cutting off the slices of ended
 //! tasks that are still out until they let go (at most [`DRAIN`]).
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::lifecycle::BatchInner;
+use super::sync::Ordering;
 use super::task::{CANCELED, TIMEOUT};
 use crate::stats::{clock_ns, epoch};
 
@@ -57,7 +57,7 @@ impl BatchInner {
     /// transports to cut off the slices of ended tasks still out.
     #[inline]
     pub(super) fn enforce_deadline(&self) {
-        if self.unfinished.load(Ordering::Acquire) > 0 && self.past_deadline() {
+        if self.counts.unfinished() > 0 && self.past_deadline() {
             for task in 0..self.submitted.load(Ordering::Acquire) {
                 self.end(task, TIMEOUT);
             }

@@ -29,12 +29,14 @@ impl Batch {
         self.inner.status()
     }
 
-    /// Sleeps (no busy polling) until every submitted task has finished, the batch's
-    /// deadline has passed (tasks then end as `Timeout`), or `timeout` elapses. A task that
-    /// ends other than Completed is shown so only once no slice of it touches local memory
-    /// and its pins are released: tasks that ended during the wait with slices still on the
-    /// wire are cut off and waited for up to [`DRAIN`](super::DRAIN) more, and still show
-    /// `Pending` if their slices are out after that.
+    /// Sleeps (no busy polling) until every submitted task has finished or `timeout`
+    /// elapses, whichever comes first: it returns within `timeout` (and the moment it takes
+    /// to read the status), whatever the tasks do; `wait(Duration::ZERO)` only looks. A
+    /// deadline passing meanwhile times the unfinished tasks out. A task that ends other
+    /// than Completed is shown so only once no slice of it touches local memory and its pins
+    /// are released: its slices still on the wire are cut off, and until they let go it
+    /// shows `Pending` (wait again, or [`cancel`](Self::cancel), which waits up to
+    /// [`DRAIN`](super::DRAIN) for them).
     pub fn wait(&self, timeout: Duration) -> BatchStatus {
         self.inner.wait(timeout)
     }

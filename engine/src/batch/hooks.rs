@@ -1,8 +1,7 @@
 //! Completion hooks: run once when a batch has no unfinished task left.
 
-use std::sync::atomic::Ordering;
-
 use super::lifecycle::BatchInner;
+use super::sync::Ordering;
 
 /// Called once when a batch has no unfinished task left; see
 /// [`Batch::on_complete`](super::Batch::on_complete).
@@ -27,7 +26,7 @@ impl BatchInner {
         // decrement (all SeqCst): either this read sees the last decrement, or that finisher
         // sees the flag and takes the hooks lock, after this hook is in the list.
         self.has_hooks.store(true, Ordering::SeqCst);
-        if self.unfinished.load(Ordering::SeqCst) == 0 {
+        if self.counts.unfinished() == 0 {
             if hooks.0.is_empty() {
                 self.has_hooks.store(false, Ordering::SeqCst);
             }
@@ -41,7 +40,7 @@ impl BatchInner {
     pub(super) fn run_hooks(&self) {
         let ready = {
             let mut hooks = self.hooks.lock();
-            if self.unfinished.load(Ordering::SeqCst) != 0 {
+            if self.counts.unfinished() != 0 {
                 // A submit reserved more tasks since: the hooks wait for those too.
                 return;
             }

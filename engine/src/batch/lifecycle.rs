@@ -1,14 +1,15 @@
 //! [`BatchInner`], the state behind a batch, and its tasks' lifecycle: reserved, started,
 //! counted slice by slice, ended, settled once every slice has let go, finished.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::counts::{NotFreed, NotReserved, TaskCounts};
 use super::hooks::Hooks;
 use super::kept::{KEEP_FROM, KeptRoom, new_tasks};
+use super::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use super::table::TaskTable;
 use super::task::{
     COMPLETED, ENDED_SHIFT, FAILED, FIRST_MASK, FIRST_SHIFT, PENDING, PROGRESS_SHIFT, RUN_FLAG,
@@ -25,12 +26,11 @@ pub(crate) struct BatchInner {
     /// In the batch's own allocation: the engine's tally reads it through a `Weak` to the
     /// batch while the batch lives.
     pub(crate) tasks: TaskTable,
-    /// Task slots reserved.
-    pub(super) reserved: AtomicUsize,
+    /// Slots reserved, tasks reserved and not finished, and whether the batch was freed, in
+    /// one word: a reserve counts its tasks unfinished in the step that reserves them, so no
+    /// reserved task is ever missing from the count.
+    pub(super) counts: TaskCounts,
     pub(super) submitted: AtomicUsize,
-    /// Tasks reserved and not finished: counted before their slots are reserved, so that
-    /// no reserved task is ever missing from it.
-    pub(super) unfinished: AtomicUsize,
     /// The bytes of the tasks submitted, added before they are published: what a batch
     /// whose tasks all completed moved.
     pub(super) submitted_bytes: AtomicU64,
@@ -43,7 +43,6 @@ pub(crate) struct BatchInner {
     /// Waiters asleep on `wake` (or about to be): the last task wakes them only if there
     /// are any, so a waiter that spun to the end costs the finisher no system call.
     pub(super) sleepers: AtomicUsize,
-    pub(super) freed: AtomicBool,
     /// Nanoseconds after `crate::stats::epoch`; 0 = no deadline.
     pub(super) deadline_ns: AtomicU64,
     /// How long `wait` polls before it sleeps: a transfer that ends within it is seen at
@@ -59,7 +58,11 @@ pub(crate) struct BatchInner {
     /// when there are none (the common case).
     pub(super) hooks: Mutex<Hooks>,
     pub(super) has_hooks: AtomicBool,
-    /// Tasks ended other than Completed whose slices have not all let go.
+    /// Tasks ended other than Completed whose slices have not all let go and whose end a
+    /// cut-off can hasten: all but the failed tasks of merged runs, whose runs' other slices
+    /// carry live tasks (and end with them). Counted before the end's state change, taken
+    /// back when the task settles; while it is above 0, waiters and status reads ask the
+    /// transports to cut off now and then.
     pub(super) ending: AtomicUsize,
     /// When the transports were last asked to cut off (`stats::clock_ns`).
     pub(super) last_cut_ns: AtomicU64,
@@ -110,15 +113,13 @@ impl BatchInner {
         };
         Self {
             tasks: TaskTable::of(tasks),
-            reserved: AtomicUsize::new(0),
+            counts: TaskCounts::new(),
             submitted: AtomicUsize::new(0),
-            unfinished: AtomicUsize::new(0),
             submitted_bytes: AtomicU64::new(0),
             unsuccessful: AtomicUsize::new(0),
             wake_lock: Mutex::new(()),
             wake: Condvar::new(),
             sleepers: AtomicUsize::new(0),
-            freed: AtomicBool::new(false),
             deadline_ns: AtomicU64::new(0),
             spin,
             timer,
@@ -151,26 +152,17 @@ impl BatchInner {
         n: usize,
         timeout: Option<Duration>,
     ) -> Result<(usize, u64), EngineError> {
-        if self.freed.load(Ordering::Acquire) {
-            return Err(EngineError::BatchFreed);
-        }
         let capacity = self.capacity();
-        // Unfinished before reserved: a reader that finds no task unfinished has seen every
-        // task reserved so far finish.
-        self.unfinished.fetch_add(n, Ordering::SeqCst);
         let first = self
-            .reserved
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
-                (n <= capacity - used).then_some(used + n)
-            })
-            .map_err(|used| {
-                // None reserved: counted finished again, waking whoever the count held.
-                self.finished_many(n);
-                EngineError::TooManyRequests {
+            .counts
+            .reserve(n, capacity)
+            .map_err(|refused| match refused {
+                NotReserved::Freed => EngineError::BatchFreed,
+                NotReserved::Full { room } => EngineError::TooManyRequests {
                     capacity,
-                    room: capacity - used,
+                    room,
                     requested: n,
-                }
+                },
             })?;
         let mut started_ns = 0;
         if self.timer.is_some() || timeout.is_some() {
@@ -242,12 +234,19 @@ impl BatchInner {
     /// slices have all let go: here if they have, else by the last of them.
     pub(super) fn end(&self, task: usize, state: u8) -> bool {
         let t = &self.tasks[task];
-        // Before the state changes: whoever settles the task and counts it finished, on
-        // whatever thread, does so after this.
+        let hastened = Self::cut_off_hastens(t, state);
+        // Before the state changes: whoever settles the task, on whatever thread, takes
+        // them back (and counts it finished) after this.
         self.unsuccessful.fetch_add(1, Ordering::SeqCst);
+        if hastened {
+            self.ending.fetch_add(1, Ordering::SeqCst);
+        }
         let mut current = t.state.load(Ordering::SeqCst);
         loop {
             if !matches!(state_of(current), PENDING | WAITING) {
+                if hastened {
+                    self.ending.fetch_sub(1, Ordering::SeqCst);
+                }
                 self.unsuccessful.fetch_sub(1, Ordering::SeqCst);
                 return false;
             }
@@ -260,13 +259,21 @@ impl BatchInner {
                 Err(now) => current = now,
             }
         }
-        self.ending.fetch_add(1, Ordering::SeqCst);
         // A task ended before it started is settled by `start_task` (its slices exist but
         // are not counted yet) or by `fail_unstarted`.
         if state_of(current) == PENDING {
             self.settle_if_released(task);
         }
         true
+    }
+
+    /// Whether cutting off slices can hasten the end of task `t`, ending as `state`: all
+    /// but a failed task of a merged run, whose run's other slices carry live tasks. The
+    /// same answer at its end and at its settling: a run task fails only through its run's
+    /// slices, after it started (and its slice total was set).
+    #[inline]
+    fn cut_off_hastens(t: &TaskState, state: u8) -> bool {
+        state != FAILED || t.slices_total.load(Ordering::SeqCst) & RUN_FLAG == 0
     }
 
     /// Settles `task` if it has ended other than Completed and every slice has let go.
@@ -340,7 +347,9 @@ impl BatchInner {
                 Err(now) => current = now,
             }
         }
-        self.ending.fetch_sub(1, Ordering::SeqCst);
+        if Self::cut_off_hastens(t, state_of(current)) {
+            self.ending.fetch_sub(1, Ordering::SeqCst);
+        }
         true
     }
 
@@ -354,7 +363,7 @@ impl BatchInner {
     /// finisher shares, whichever thread it runs on, for the tasks one slice ended.
     #[inline]
     pub(crate) fn finished_many(&self, count: usize) {
-        if count > 0 && self.unfinished.fetch_sub(count, Ordering::SeqCst) == count {
+        if count > 0 && self.counts.finished(count) {
             self.went_idle();
         }
     }
@@ -496,14 +505,17 @@ impl BatchInner {
     }
 
     pub(crate) fn mark_freed(&self) -> Result<(), EngineError> {
-        let pending = self.unfinished();
-        if pending > 0 {
-            return Err(EngineError::BatchBusy { pending });
-        }
-        if self.freed.swap(true, Ordering::AcqRel) {
-            return Err(EngineError::BatchFreed);
-        }
-        Ok(())
+        // Times out what is past the deadline first: a batch whose tasks all ended frees.
+        self.enforce_deadline();
+        self.counts.free().map_err(|refused| match refused {
+            NotFreed::Freed => EngineError::BatchFreed,
+            NotFreed::Busy { pending } => EngineError::BatchBusy { pending },
+        })
+    }
+
+    /// Whether the batch was freed.
+    pub(crate) fn is_freed(&self) -> bool {
+        self.counts.freed()
     }
 }
 

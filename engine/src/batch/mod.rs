@@ -23,18 +23,23 @@
 //! the handle users hold ([`handle`]); and the large task tables and merged runs' parts kept
 //! from batches gone for the next ones ([`kept`]).
 
+mod counts;
 mod deadline;
 mod handle;
 mod hooks;
 mod kept;
 mod lifecycle;
+#[cfg(all(test, feature = "loom"))]
+mod model;
 mod status;
+mod sync;
 mod table;
 mod task;
 #[cfg(test)]
 mod tests;
 mod wait;
 
+pub(crate) use counts::MAX_CAPACITY;
 pub use deadline::DRAIN;
 pub use handle::Batch;
 pub(crate) use kept::{KEEP_FROM, KeptRoom};

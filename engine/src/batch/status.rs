@@ -1,9 +1,8 @@
 //! What a batch and its tasks show: read without a lock, after timing the batch out if its
 //! deadline has passed.
 
-use std::sync::atomic::Ordering;
-
 use super::lifecycle::BatchInner;
+use super::sync::Ordering;
 use super::task::{CANCELED, COMPLETED, PENDING, SETTLED, TIMEOUT, WAITING, state_of};
 use crate::error::TransferError;
 use crate::types::{BatchState, BatchStatus, TaskStatus, TransferStatus};
@@ -29,9 +28,9 @@ impl BatchInner {
                     .unwrap_or(TransferError::Dropped("no reason recorded".into())),
             ),
         };
-        let remote_may_change = status.is_finished()
-            && status != TransferStatus::Completed
-            && t.remote_may_change.load(Ordering::Relaxed);
+        // Whatever the status: a task shown Completed never has it (no transport completes a
+        // write whose earlier bytes may still land), and should one ever, the caller learns.
+        let remote_may_change = status.is_finished() && t.remote_may_change.load(Ordering::Relaxed);
         Some(TaskStatus {
             status,
             transferred_bytes: t.bytes(),
@@ -50,21 +49,20 @@ impl BatchInner {
     /// without a look at each task; `None` unless every task reserved was published and
     /// finished, and none ended otherwise.
     ///
-    /// Why the counts agree: a task is counted unfinished before its slot is reserved, and
-    /// unsuccessful before it can end other than Completed. So with no task unfinished
-    /// (read after `submitted`), every task reserved by then has finished, and with none
-    /// unsuccessful, each of those completed — after its submit published it and added its
-    /// bytes (a task's slices reach the transports only after that). Bytes read before the
-    /// reserved count include no later submit's: those reserve first, and would show in a
-    /// reserved count above `submitted`.
+    /// Why the counts agree: a task is counted unfinished in the step that reserves its
+    /// slot, and unsuccessful before it can end other than Completed. So with no task
+    /// unfinished (read after `submitted`), every task reserved by then has finished, and
+    /// with none unsuccessful, each of those completed — after its submit published it and
+    /// added its bytes (a task's slices reach the transports only after that). Bytes read
+    /// before the reserved count include no later submit's: those reserve first, and would
+    /// show in a reserved count above `submitted`.
     fn all_completed(&self, submitted: usize) -> Option<BatchStatus> {
-        if self.unfinished.load(Ordering::SeqCst) != 0
-            || self.unsuccessful.load(Ordering::SeqCst) != 0
-        {
+        if self.counts.unfinished() != 0 || self.unsuccessful.load(Ordering::SeqCst) != 0 {
             return None;
         }
         let bytes = self.submitted_bytes.load(Ordering::SeqCst);
-        (self.reserved.load(Ordering::SeqCst) == submitted).then_some(BatchStatus {
+        let (reserved, unfinished) = self.counts.reserved_and_unfinished();
+        (reserved == submitted && unfinished == 0).then_some(BatchStatus {
             state: BatchState::Completed,
             submitted,
             completed: submitted,
@@ -78,8 +76,9 @@ impl BatchInner {
     pub(super) fn walked_status(&self, submitted: usize) -> BatchStatus {
         let (mut completed, mut failed, mut pending, mut bytes) = (0, 0, 0, 0);
         for t in &self.tasks[..submitted] {
-            bytes += t.bytes();
+            // The state first: a task read as finished has all its bytes counted already.
             let word = t.state.load(Ordering::SeqCst);
+            bytes += t.bytes();
             match state_of(word) {
                 WAITING | PENDING => pending += 1,
                 _ if word & SETTLED == 0 => pending += 1,
@@ -104,8 +103,9 @@ impl BatchInner {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn unfinished(&self) -> usize {
         self.enforce_deadline();
-        self.unfinished.load(Ordering::SeqCst)
+        self.counts.unfinished()
     }
 }

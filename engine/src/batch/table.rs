@@ -2,10 +2,10 @@
 //! once more when it goes.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
+use super::sync::{AtomicU64, AtomicUsize, Ordering};
 use super::task::{
     COMPLETED, ENDED_SHIFT, FIRST_MASK, FIRST_SHIFT, MAX_TASK_BYTES, PROGRESS_SHIFT, RUN_FLAG,
     TaskState, WRITE_FLAG, state_of,

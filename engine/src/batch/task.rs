@@ -1,6 +1,6 @@
 //! One task's state: the words a slice and a status read touch, and how they are laid out.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use super::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 pub(super) const WAITING: u8 = 0;
 pub(super) const PENDING: u8 = 1;

@@ -176,12 +176,21 @@ fn a_timed_out_task_shows_its_end_only_once_its_slices_let_go() {
         batch.mark_freed(),
         Err(EngineError::BatchBusy { pending: 1 })
     ));
-    // The waiter returns once the last slice lets go, with the task timed out.
+    // A short wait keeps its timeout, the task still shown pending.
+    let started = Instant::now();
+    let status = batch.wait(Duration::from_millis(1));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(status.state, BatchState::Pending);
+    // A long one returns once the last slice lets go, with the task timed out.
     let slice = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(50));
         out.fail(TransferError::Dropped("cut".into()));
     });
-    let status = batch.wait(Duration::from_millis(1));
+    let status = batch.wait(Duration::from_secs(30));
     slice.join().unwrap();
     assert_eq!(status.state, BatchState::Failed);
     let task = batch.task_status(0).unwrap();

@@ -2,11 +2,11 @@
 //! until the last task wakes the waiters.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::deadline::{CUT_AGAIN, DRAIN};
+use super::deadline::CUT_AGAIN;
 use super::lifecycle::BatchInner;
+use super::sync::Ordering;
 use crate::transport::Transport;
 use crate::types::BatchStatus;
 
@@ -40,19 +40,19 @@ impl std::fmt::Debug for Helpers {
 }
 
 impl BatchInner {
-    /// Sleeps until no task is in flight, `timeout` passes, or the deadline passes; tasks
-    /// that ended meanwhile with slices still out are waited for up to [`DRAIN`] more.
+    /// Sleeps until no task is in flight or `timeout` passes, whichever comes first; a
+    /// deadline passing meanwhile times the tasks out, and their slices are asked to be cut
+    /// off (the tasks show their end once those let go — within this wait if they do).
     pub(crate) fn wait(&self, timeout: Duration) -> BatchStatus {
-        if self.unfinished.load(Ordering::Acquire) == 0 && self.ending.load(Ordering::SeqCst) == 0 {
+        if self.counts.unfinished() == 0 {
             // Over already: what the loops below come to, without reading the clock.
             return self.status();
         }
         let started = Instant::now();
-        let mut until = started + timeout;
-        let mut draining = false;
+        let until = started.checked_add(timeout).unwrap_or_else(far_future);
         let spin_until = started + self.spin.min(timeout);
         loop {
-            let unfinished = self.unfinished.load(Ordering::Acquire);
+            let unfinished = self.counts.unfinished();
             if unfinished == 0 {
                 break;
             }
@@ -84,21 +84,15 @@ impl BatchInner {
             // Outside the wake lock: timing tasks out finishes them, which takes that lock.
             self.enforce_deadline();
             let now = Instant::now();
-            if !draining && self.ending.load(Ordering::SeqCst) > 0 {
-                // Tasks ended with slices out: the caller learns of their end once those
-                // let go (cut off meanwhile), within the drain time.
-                draining = true;
-                until = until.max(now + DRAIN);
-            }
             if now >= until {
                 break;
             }
-            if self.unfinished.load(Ordering::Acquire) > 0 && self.help() {
+            if self.counts.unfinished() > 0 && self.help() {
                 continue;
             }
             let mut guard = self.wake_lock.lock();
             self.sleepers.fetch_add(1, Ordering::SeqCst);
-            if self.unfinished.load(Ordering::SeqCst) == 0 {
+            if self.counts.unfinished() == 0 {
                 self.sleepers.fetch_sub(1, Ordering::SeqCst);
                 break;
             }
@@ -107,9 +101,11 @@ impl BatchInner {
                 // Cut off again now and then: a transport may only see the slices it has.
                 wake_at = wake_at.min(now + CUT_AGAIN);
             }
+            // Never past `until`: a wait keeps its timeout.
             let nap = wake_at
                 .saturating_duration_since(now)
-                .max(Duration::from_micros(100));
+                .max(Duration::from_micros(100))
+                .min(until.saturating_duration_since(now));
             self.wake.wait_for(&mut guard, nap);
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
             drop(guard);
@@ -121,4 +117,9 @@ impl BatchInner {
     pub(super) fn help(&self) -> bool {
         self.helpers.as_ref().is_some_and(Helpers::help)
     }
+}
+
+/// An instant no wait reaches: what a timeout too long for the clock waits until.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(u64::from(u32::MAX))
 }

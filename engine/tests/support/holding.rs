@@ -2,7 +2,7 @@
 //! thread of its own; if it offers help, a waiting thread completes them one per call. Asked
 //! to cut off, it gives back the held slices of ended tasks, unless told to ignore it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
@@ -54,6 +54,8 @@ pub struct HoldingTransport {
     pub helped_by: Arc<Mutex<Vec<ThreadId>>>,
     /// Whether [`Transport::cut_off`] is ignored: slices stay held until the test takes them.
     pub deaf: Arc<AtomicBool>,
+    /// How many times the engine asked it to cut off.
+    pub cut_offs: Arc<AtomicUsize>,
 }
 
 impl HoldingTransport {
@@ -93,6 +95,7 @@ impl Transport for HoldingTransport {
         true
     }
     fn cut_off(&self) {
+        self.cut_offs.fetch_add(1, Ordering::SeqCst);
         if self.deaf.load(Ordering::SeqCst) {
             return;
         }

@@ -59,6 +59,7 @@ impl Shared {
             Ok(reply)
         };
         let reply = call(&request)?;
+        ep.mark_answered();
         let gid = Gid::parse(&reply.local_gid)
             .filter(|g| !g.is_zero())
             .ok_or_else(|| format!("{} answered with GID {:?}", ep.key, reply.local_gid))?;

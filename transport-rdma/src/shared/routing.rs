@@ -302,8 +302,23 @@ impl Shared {
     /// task is over.
     pub fn reroute(&self, mut job: Job, reason: Option<String>) -> Option<Job> {
         if !job.slice.is_live() {
-            job.slice.abandon();
+            job.let_go();
             return None;
+        }
+        if job.fence {
+            // Same path: a fresh endpoint there, whose handshake makes the peer replace the
+            // QPs an earlier attempt may still land through; never another transport.
+            if job.attempt > self.config.retry_count {
+                let why = format!(
+                    "gave up after {} attempt(s); last: {}",
+                    job.attempt,
+                    reason.as_deref().unwrap_or("endpoint lost")
+                );
+                job.fail_unfenced(&why);
+                return None;
+            }
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            return Some(job);
         }
         if job.attempt > self.config.retry_count {
             let message = format!(

@@ -128,12 +128,14 @@ impl Worker {
     /// A posted request came back without having run (flushed, or failed on the path): its
     /// slice goes out again, or, if its task has ended meanwhile, is reported cut off. Its
     /// completion was polled, so the NIC no longer touches its local memory; a write's bytes
-    /// may have left, and may have landed.
-    fn again(&mut self, job: Job, reason: Option<String>) {
+    /// may have left, and may still land: it goes out again only behind a handshake on the
+    /// same path ([`Job::fence`]).
+    fn again(&mut self, mut job: Job, reason: Option<String>) {
+        let write = job.slice.opcode() == Opcode::Write;
         if !job.slice.is_live() {
-            let write = job.slice.opcode() == Opcode::Write;
             return job.slice.cut_off(write);
         }
+        job.fence |= write;
         self.reroute(job, reason);
     }
 

@@ -58,6 +58,39 @@ pub(crate) struct Job {
     pub key: Arc<str>,
     pub lkey: u32,
     pub rkey: u32,
+    /// A write that was posted and came back failed or flushed while its task was live:
+    /// bytes of it may still land through the peer's QP on that path, which stays ready to
+    /// receive until a handshake on the same path makes the peer replace it (its answer
+    /// moves the QPs it had for this node's NIC to the error state before it replies, as a
+    /// Mooncake peer resets them). Until the peer has answered such a handshake, the job
+    /// goes to no other path and no other transport, so that no older copy of it lands
+    /// after it completed there; it fails (its bytes may land) if that cannot be.
+    pub fence: bool,
+}
+
+impl Job {
+    /// Lets go of a job whose task ended before it could go out again: cut off if an
+    /// earlier attempt of a write may still land (see [`fence`](Self::fence)), else skipped.
+    pub fn let_go(self) {
+        if self.fence {
+            self.slice.cut_off(true);
+        } else {
+            self.slice.abandon();
+        }
+    }
+
+    /// Fails a fenced job whose path cannot be fenced: its earlier attempt may still land.
+    pub fn fail_unfenced(self, why: &str) {
+        let message = format!(
+            "a write that failed on {} could not be sent again there ({why}), and the peer's \
+             QPs of that path may still take bytes of it: they may still land",
+            self.key
+        );
+        self.slice.fail(TransferError::Connection {
+            peer: self.key.to_string(),
+            message,
+        });
+    }
 }
 
 /// Requests about to be posted to one QP.
@@ -121,6 +154,8 @@ pub(crate) struct Worker {
     waiting: VecDeque<usize>,
     /// Jobs this worker re-routed to itself.
     local: VecDeque<Job>,
+    /// Jobs whose path was just fenced, to route again (kept for reuse).
+    fenced: Vec<Job>,
     /// Work requests in flight on this CQ (at most `cq_capacity`: an error flushes them all,
     /// and each then needs a CQ entry).
     outstanding: usize,
@@ -150,6 +185,7 @@ impl Worker {
             by_qpn: HashMap::new(),
             waiting: VecDeque::new(),
             local: VecDeque::new(),
+            fenced: Vec::new(),
             outstanding: 0,
             cq_capacity,
             max_wr,
@@ -212,6 +248,13 @@ impl Worker {
                     Ok(()) => self.mark_waiting(slot),
                     Err(reason) => {
                         tracing::warn!("RDMA connection to {} failed: {reason}", ep.key);
+                        if ep.answered()
+                            && let Some(slot) = self.slots[slot].as_mut()
+                        {
+                            // The peer replaced its QPs of the path before this side's part
+                            // failed: the writes waiting for that may go elsewhere.
+                            slot.backlog.iter_mut().for_each(|job| job.fence = false);
+                        }
                         self.shared.note_failure(&ep.key, &reason);
                         self.shared.blame(self.nic, &ep.key, Blame::Hard);
                         self.refused

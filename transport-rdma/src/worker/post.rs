@@ -22,7 +22,7 @@ impl Worker {
     /// Puts a job in its endpoint's backlog, opening the endpoint first if needed.
     pub(super) fn enqueue(&mut self, job: Job) {
         if !job.slice.is_live() {
-            job.slice.abandon();
+            job.let_go();
             return;
         }
         let slot = match self.by_key.get(&job.key) {
@@ -30,6 +30,11 @@ impl Worker {
             None if let Some((at, reason)) = self.refused.get(&job.key)
                 && at.elapsed() < CONNECT_COOLDOWN =>
             {
+                if job.fence {
+                    // The path's handshake just failed: it cannot be fenced now.
+                    let why = format!("its handshake failed: {reason}");
+                    return job.fail_unfenced(&why);
+                }
                 let reason = reason.clone();
                 return self.reroute(job, Some(reason));
             }
@@ -63,6 +68,11 @@ impl Worker {
                 continue;
             }
             progress |= self.post(slot);
+            let mut fenced = std::mem::take(&mut self.fenced);
+            for job in fenced.drain(..) {
+                self.reroute(job, None);
+            }
+            self.fenced = fenced;
             if self.slots[slot]
                 .as_ref()
                 .is_some_and(|s| !s.backlog.is_empty())
@@ -90,12 +100,23 @@ impl Worker {
             else {
                 break;
             };
-            let Some(job) = slot.backlog.pop_front() else {
+            let Some(mut job) = slot.backlog.pop_front() else {
                 break;
             };
             if !job.slice.is_live() {
-                job.slice.abandon();
+                job.let_go();
                 continue;
+            }
+            if job.fence {
+                // A ready endpoint on the job's path: the peer answered its handshake, made
+                // after the earlier attempt's endpoint was gone, and so replaced the QPs that
+                // attempt went through. A job that failed on the path (not one its endpoint's
+                // cut-off flushed) may now take another.
+                job.fence = false;
+                if job.attempt > 0 {
+                    self.fenced.push(job);
+                    continue;
+                }
             }
             // The configuration keeps slices within u32::MAX (see `RdmaConfig::check_slice_size`);
             // a longer one is refused here rather than posted truncated.

@@ -28,7 +28,7 @@ impl Worker {
             if job.slice.is_live() {
                 self.local.push_back(job);
             } else {
-                job.slice.abandon();
+                job.let_go();
             }
         }
         for index in 0..self.slots.len() {
@@ -39,7 +39,7 @@ impl Worker {
                 if job.slice.is_live() {
                     slot.backlog.push_back(job);
                 } else {
-                    job.slice.abandon();
+                    job.let_go();
                 }
             }
             let posted_ended = slot.decommissioned_at.is_none()

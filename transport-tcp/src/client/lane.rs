@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use tern_engine::{Slice, TransferError};
 
+use super::cut_off::CutOff;
 use super::pool::PoolShared;
-use super::window::Window;
+use super::window::{RunEnd, Window};
 
 /// A connection unused for longer than this is checked before reuse: the server may have
 /// closed it for idleness, and a request sent into a closed connection would fail.
@@ -58,10 +59,16 @@ pub(super) fn lane_loop(shared: &PoolShared, lane: usize, receiver: &Receiver<Sl
                 }
             },
         };
-        let healthy = window.run(shared, lane, stream, receiver);
+        let ended = window.run(shared, lane, stream, receiver);
         last_used = Instant::now();
-        if !healthy {
-            connection = None;
+        match ended {
+            RunEnd::Emptied => {}
+            RunEnd::CutOff(CutOff::Closing) => {
+                if let Some(mut dropped) = connection.take() {
+                    window.await_close(shared, lane, &mut dropped);
+                }
+            }
+            RunEnd::Broken | RunEnd::CutOff(_) => connection = None,
         }
     }
 }

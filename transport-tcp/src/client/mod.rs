@@ -10,7 +10,9 @@
 //! A slice whose task has ended is never started; one already on the wire is cut off when
 //! the engine asks ([`Pool::cut_off`]): the lane drops its connection, so that no reply lands
 //! in that slice's memory and no more of a write's body is read from it, gives the slice
-//! back, and sends the live slices that were on that connection again on a new one.
+//! back, and sends the live slices that were on that connection again on a new one — writes
+//! only once the server has closed the dropped one, so that no older copy of a write lands
+//! after it was reported Completed ([`cut_off`]).
 //!
 //! A pool ([`pool`]) starts one lane per connection ([`lane`]); a lane's [`window`] holds
 //! what it has taken on, sends requests ([`send`]), takes replies ([`receive`]) and cuts off

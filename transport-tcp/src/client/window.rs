@@ -11,6 +11,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use tern_engine::{Opcode, Slice, TransferError};
 use tern_memreg::{Stage, wait_ready};
 
+use super::cut_off::CutOff;
 use super::marks::ShortCalls;
 use super::pool::PoolShared;
 use super::receive::Awaiting;
@@ -34,7 +35,7 @@ const WRITE_PIPELINE_BYTES: usize = 1 << 20;
 /// Longest a lane waits in poll(2) before it looks whether it was asked to cut off slices of
 /// ended tasks: the bound on how long a cut-off takes to reach a lane waiting on a peer that
 /// sends nothing.
-const CUT_CHECK: Duration = Duration::from_millis(5);
+pub(super) const CUT_CHECK: Duration = Duration::from_millis(5);
 
 /// What one lane has taken on: requests to send, the one being sent, and those awaiting
 /// replies, oldest first.
@@ -61,6 +62,16 @@ pub(super) struct Window {
     pub(super) stage: Stage,
     /// Headers of the queued writes gathered behind the one being sent (kept for reuse).
     pub(super) gathered: Vec<Framed>,
+}
+
+/// How a lane's run over its connection ended.
+pub(super) enum RunEnd {
+    /// The window emptied; the connection is still good.
+    Emptied,
+    /// The connection broke; what was on it failed.
+    Broken,
+    /// The connection was dropped to cut off slices of ended tasks.
+    CutOff(CutOff),
 }
 
 /// How one pass over the connection went.
@@ -163,15 +174,15 @@ impl Window {
         self.write_bytes = 0;
     }
 
-    /// Runs the window over `stream` until it is empty (taking more slices as room frees up);
-    /// returns whether the connection is still good.
+    /// Runs the window over `stream` until it is empty (taking more slices as room frees up),
+    /// the connection breaks, or a cut-off drops it.
     pub(super) fn run(
         &mut self,
         shared: &PoolShared,
         lane: usize,
         stream: &mut TcpStream,
         receiver: &Receiver<Slice>,
-    ) -> bool {
+    ) -> RunEnd {
         let io_timeout = shared.config.io_timeout;
         let mut last_progress = Instant::now();
         self.marks.clear();
@@ -179,10 +190,10 @@ impl Window {
             let cut = shared.cut.load(Ordering::Acquire);
             if cut != self.seen_cut {
                 self.seen_cut = cut;
-                if !self.cut_off(shared, lane, stream) {
-                    return false;
+                match self.cut_off(shared, lane, stream) {
+                    CutOff::Kept => continue,
+                    dropped => return RunEnd::CutOff(dropped),
                 }
-                continue;
             }
             let outcome = self.send(shared, stream).and_then(|sent| {
                 let received = self.receive(shared, lane, stream)?;
@@ -227,8 +238,9 @@ impl Window {
                 }
             }
         }
-        true
+        RunEnd::Emptied
     }
+
     /// Waits for the device copies of the slices on the wire, before any is given back.
     pub(super) fn settle(&mut self) {
         if let Err(e) = self.stage.settle() {
@@ -238,7 +250,7 @@ impl Window {
 
     /// Fails everything in the window after the connection broke. The lane's connection
     /// leaves the stats first, so whoever sees a failed slice also sees the peer's loss.
-    fn broken(&mut self, shared: &PoolShared, lane: usize, message: String) -> bool {
+    fn broken(&mut self, shared: &PoolShared, lane: usize, message: String) -> RunEnd {
         if let Some(open) = shared.open.lock().get_mut(lane) {
             *open = None;
         }
@@ -247,7 +259,7 @@ impl Window {
             peer: shared.endpoint.clone(),
             message: message.clone(),
         });
-        false
+        RunEnd::Broken
     }
 }
 

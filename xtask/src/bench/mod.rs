@@ -35,7 +35,7 @@ mod watch;
 
 use std::path::{Path, PathBuf};
 
-use crate::{Group, cargo, deps, root, run, shm, wheel};
+use crate::{cargo, root, run, shm, wheel};
 use instructions::instructions_per_request;
 use pages::pages;
 use progress::Progress;
@@ -73,9 +73,6 @@ pub(crate) fn command(args: &[String]) -> Result<(), String> {
     let has = |flag: &str| args.iter().any(|a| a == flag);
     let quick = has("--quick");
     let full = has("--full");
-    if let Err(e) = deps(&[Group::Bench]) {
-        eprintln!("xtask: going on without the optional bench packages: {e}");
-    }
     let duration = args
         .windows(2)
         .find(|w| w[0] == "--duration")
