@@ -10,12 +10,10 @@
 
 use std::time::Duration;
 
-use tern_cuda::{Device, DeviceBuffer};
-use tern_engine::{
-    MemoryKind, RegisterRaw, SegmentId, TransferEngine, TransferRequest, TransferStatus,
-};
-use tern_transport_shm::{ShmConfig, ShmTransport};
-use tern_transport_tcp::TcpTransport;
+use tern_engine::{MemoryKind, SegmentId, TransferEngine, TransferRequest, TransferStatus};
+#[path = "support/gpu.rs"]
+mod gpu_support;
+use gpu_support::{device_bytes, engine as tcp_engine, gpu, register};
 #[path = "../../testkit/include/transfers.rs"]
 mod transfers;
 use transfers::run_to_completion;
@@ -23,42 +21,10 @@ use transfers::run_to_completion;
 /// Three staging chunks and a ragged tail.
 const LEN: usize = 3 * tern_memreg::STAGE_CHUNK + 12_345;
 
-fn gpu() -> &'static Device {
-    if let Some(path) = tern_testkit::cuda::test_driver() {
-        tern_cuda::use_driver(path.to_str().unwrap()).expect("the stand-in driver");
-    }
-    Device::get(0).expect("a stand-in device")
-}
-
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed) ^ (i >> 12) as u8)
         .collect()
-}
-
-fn tcp_engine(same_host_first: bool) -> TransferEngine {
-    let mut builder = TransferEngine::builder().local_server_name("127.0.0.1");
-    if same_host_first {
-        builder = builder.transport(ShmTransport::new(ShmConfig::default()));
-    }
-    builder.transport(TcpTransport::default()).build().unwrap()
-}
-
-/// Registers device memory the test keeps until after the engine is gone.
-fn register(engine: &TransferEngine, buffer: &DeviceBuffer, location: &str) {
-    // SAFETY: every device buffer outlives the engines (declared before them in each test,
-    // so dropped after them); peers writing it is what registration is for.
-    unsafe {
-        engine
-            .register_memory(buffer.addr() as *mut u8, buffer.len(), location, true)
-            .unwrap();
-    }
-}
-
-fn device_bytes(buffer: &DeviceBuffer) -> Vec<u8> {
-    let mut out = vec![0u8; buffer.len()];
-    buffer.read(0, &mut out).unwrap();
-    out
 }
 
 fn remote_addr(engine: &TransferEngine, peer: SegmentId, len: usize) -> u64 {

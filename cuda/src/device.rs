@@ -1,13 +1,16 @@
 //! Devices, their primary contexts, and what kind of memory an address is.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::marker::PhantomData;
+
+use parking_lot::Mutex;
 
 use crate::driver::{
     CuContext, CuDevice, CuResult, Driver, ERROR_INVALID_VALUE, MEMORYTYPE_HOST,
     POINTER_ATTRIBUTE_DEVICE_ORDINAL, POINTER_ATTRIBUTE_MEMORY_TYPE, driver,
 };
 use crate::error::CudaError;
+use crate::memory::{Copier, Event, Stream};
 
 /// What kind of memory an address is, as the driver reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,7 +33,11 @@ pub enum MemoryKind {
 pub struct Device {
     pub(crate) driver: &'static Driver,
     ordinal: usize,
+    handle: CuDevice,
     context: CuContext,
+    /// Streams for synchronous copies not in use, kept for the next (one per thread that
+    /// copies at once, at most).
+    copiers: Mutex<Vec<Copier>>,
 }
 
 // SAFETY: a CUcontext handle may be made current on any thread (cuCtxPushCurrent, Driver API
@@ -70,7 +77,9 @@ impl Device {
         let device: &'static Device = Box::leak(Box::new(Device {
             driver,
             ordinal,
+            handle,
             context,
+            copiers: Mutex::new(Vec::new()),
         }));
         *slot = Some(device);
         Ok(device)
@@ -79,6 +88,17 @@ impl Device {
     /// The device's ordinal.
     pub fn ordinal(&self) -> usize {
         self.ordinal
+    }
+
+    /// One of the device's attributes (`cuDeviceGetAttribute`, a `CUdevice_attribute`).
+    pub fn attribute(&self, attribute: c_int) -> Result<i32, CudaError> {
+        let mut value: c_int = 0;
+        // SAFETY: writes one int for a valid device handle and attribute number (an unknown
+        // number is an error code, not undefined behaviour).
+        self.driver.check("cuDeviceGetAttribute", unsafe {
+            (self.driver.api.device_get_attribute)(&mut value, attribute, self.handle)
+        })?;
+        Ok(value)
     }
 
     /// Makes the device's primary context current on this thread until the guard drops
@@ -104,6 +124,22 @@ impl Device {
     ) -> Result<(), CudaError> {
         let _current = self.enter()?;
         self.driver.check(call, driver_call())
+    }
+
+    /// A stream for one synchronous copy: a kept one, else a new one.
+    pub(crate) fn take_copier(&'static self) -> Result<Copier, CudaError> {
+        if let Some(copier) = self.copiers.lock().pop() {
+            return Ok(copier);
+        }
+        Ok(Copier {
+            stream: Stream::new(self)?,
+            fence: Event::new(self)?,
+        })
+    }
+
+    /// Keeps a copy stream whose copies are done, for the next.
+    pub(crate) fn give_back_copier(&self, copier: Copier) {
+        self.copiers.lock().push(copier);
     }
 
     /// Gives a driver resource back from a `Drop`, which cannot return an error: a failure

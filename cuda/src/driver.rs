@@ -83,6 +83,22 @@ pub(crate) const MEM_LOCATION_DEVICE: c_int = 1;
 pub(crate) const MEM_ALLOCATION_PINNED: c_int = 1;
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
 pub(crate) const MEM_HANDLE_POSIX_FD: c_int = 1;
+/// `CU_MEM_HANDLE_TYPE_FABRIC`: a 64-byte handle (`CUmemFabricHandle`) another process
+/// imports without a descriptor (nodes with IMEX channels; PyTorch's expandable segments
+/// ask for it first with CUDA 12.3 or later).
+pub(crate) const MEM_HANDLE_FABRIC: c_int = 8;
+/// Bytes of a `CUmemFabricHandle`.
+pub const FABRIC_HANDLE_LEN: usize = 64;
+/// `CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES`: the `CUmemAllocationHandleType` bits the
+/// allocation holding an address may be exported as (a `uint64_t`).
+pub(crate) const POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: c_int = 14;
+/// `CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE`: 1 where NICs may reach the memory
+/// by GPUDirect RDMA.
+pub(crate) const POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: c_int = 15;
+/// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
+pub(crate) const DEVICE_ATTRIBUTE_GDR_WITH_VMM: c_int = 110;
+/// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`.
+pub(crate) const DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: c_int = 124;
 /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
 pub(crate) const MEM_ACCESS_READWRITE: c_int = 3;
 /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
@@ -178,11 +194,11 @@ entry_points! {
     mem_free = "cuMemFree_v2": fn(CuDevicePtr);
     mem_host_alloc = "cuMemHostAlloc": fn(*mut *mut c_void, usize, c_uint);
     mem_free_host = "cuMemFreeHost": fn(*mut c_void);
-    memcpy_dtoh = "cuMemcpyDtoH_v2": fn(*mut c_void, CuDevicePtr, usize);
-    memcpy_htod = "cuMemcpyHtoD_v2": fn(CuDevicePtr, *const c_void, usize);
-    memcpy_dtod = "cuMemcpyDtoD_v2": fn(CuDevicePtr, CuDevicePtr, usize);
     memcpy_dtoh_async = "cuMemcpyDtoHAsync_v2": fn(*mut c_void, CuDevicePtr, usize, CuStream);
     memcpy_htod_async = "cuMemcpyHtoDAsync_v2": fn(CuDevicePtr, *const c_void, usize, CuStream);
+    memcpy_async = "cuMemcpyAsync": fn(CuDevicePtr, CuDevicePtr, usize, CuStream);
+    stream_wait_event = "cuStreamWaitEvent": fn(CuStream, CuEvent, c_uint);
+    device_get_attribute = "cuDeviceGetAttribute": fn(*mut c_int, c_int, CuDevice);
     stream_create = "cuStreamCreate": fn(*mut CuStream, c_uint);
     stream_synchronize = "cuStreamSynchronize": fn(CuStream);
     stream_destroy = "cuStreamDestroy_v2": fn(CuStream);
@@ -190,7 +206,6 @@ entry_points! {
     event_record = "cuEventRecord": fn(CuEvent, CuStream);
     event_synchronize = "cuEventSynchronize": fn(CuEvent);
     event_destroy = "cuEventDestroy_v2": fn(CuEvent);
-    memcpy = "cuMemcpy": fn(CuDevicePtr, CuDevicePtr, usize);
     device_get_pci_bus_id = "cuDeviceGetPCIBusId": fn(*mut c_char, c_int, CuDevice);
     device_get_by_pci_bus_id = "cuDeviceGetByPCIBusId": fn(*mut CuDevice, *const c_char);
     ipc_get_mem_handle = "cuIpcGetMemHandle": fn(*mut IpcMemHandle, CuDevicePtr);
@@ -230,7 +245,7 @@ pub struct Driver {
     path: String,
     version: i32,
     pub(crate) devices: Mutex<Vec<Option<&'static crate::Device>>>,
-    _library: libloading::Library,
+    pub(crate) library: libloading::Library,
 }
 
 impl std::fmt::Debug for Driver {
@@ -305,7 +320,7 @@ impl Driver {
             path: path.to_owned(),
             version: 0,
             devices: Mutex::new(Vec::new()),
-            _library: library,
+            library,
         };
         // SAFETY: cuInit takes flags, which must be 0 (Driver API reference, cuInit).
         driver.check("cuInit", unsafe { (driver.api.init)(0) })?;

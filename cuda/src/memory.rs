@@ -8,65 +8,107 @@ use crate::driver::{
     CuDevicePtr, CuEvent, CuStream, EVENT_DISABLE_TIMING, MEMHOSTALLOC_PORTABLE,
     STREAM_NON_BLOCKING,
 };
+
+/// A stream of Tern's for synchronous copies, and the event that orders it after the device's
+/// prior work.
+#[derive(Debug)]
+pub(crate) struct Copier {
+    pub(crate) stream: Stream,
+    pub(crate) fence: Event,
+}
 use crate::error::CudaError;
 
+/// What a copy of device memory must come after.
+///
+/// Tern copies device memory only on streams of its own, which are non-blocking: they do no
+/// implicit synchronization with the legacy default stream (CUDA Driver API, "Stream
+/// synchronization behavior": a stream created with `CU_STREAM_NON_BLOCKING` "may run
+/// concurrently with work in stream 0 (the NULL stream), and ... should perform no implicit
+/// synchronization with stream 0"), and Tern's threads never enqueue work there themselves,
+/// so none of them can wait behind a caller's work on it (a gate on stream 0, say). Where the
+/// caller gave no stream, its earlier work must still come first: a copy then waits, on the
+/// GPU, for an event recorded on the legacy stream, which comes after everything the legacy
+/// stream holds and, by its implicit synchronization, after the work of every blocking stream
+/// enqueued before ("any CUDA operation on the legacy stream ... waits on all blocking
+/// streams"). Work of the caller's own non-blocking streams is the caller's to order: it
+/// synchronizes them, or asks for a transfer on its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceOrder {
+    /// After the device's prior work on the legacy stream and every blocking stream: what
+    /// a call that names no stream gets.
+    AfterPriorWork,
+    /// Ordered by the caller already: the transfer of a call on the caller's stream, which
+    /// started only once the work before it on that stream was done. No fence: one on the
+    /// legacy stream could wait behind that very call's gate.
+    CallerOrdered,
+}
+
 impl Device {
-    /// Copies `len` bytes of device memory at `src` to host memory at `dst`, synchronously.
+    /// Copies `len` bytes of device memory at `src` to host memory at `dst`, after the
+    /// device's prior work ([`DeviceOrder::AfterPriorWork`]), and returns once the bytes have
+    /// landed.
     ///
     /// # Safety
     ///
     /// `[src, src + len)` must be memory of this device that stays allocated during the call,
     /// and `[dst, dst + len)` host memory valid for writes that nothing else reads or writes
     /// meanwhile.
-    pub unsafe fn copy_to_host(&self, dst: *mut u8, src: u64, len: usize) -> Result<(), CudaError> {
-        // SAFETY: the caller guarantees both ranges (cuMemcpyDtoH writes exactly `len` bytes
-        // at `dst` and reads `len` at `src`; it returns once the copy is done).
-        self.call("cuMemcpyDtoH", || unsafe {
-            (self.driver.api.memcpy_dtoh)(dst.cast::<c_void>(), src, len)
+    pub unsafe fn copy_to_host(
+        &'static self,
+        dst: *mut u8,
+        src: u64,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        self.with_copier(DeviceOrder::AfterPriorWork, |stream| {
+            // SAFETY: the caller guarantees both ranges until this returns, and `with_copier`
+            // waits for the stream before it does.
+            unsafe { stream.copy_to_host(dst, src, len) }
         })
     }
 
-    /// Copies `len` bytes of host memory at `src` to device memory at `dst`, synchronously.
+    /// Copies `len` bytes of host memory at `src` to device memory at `dst`, after the
+    /// device's prior work, and returns once the bytes have landed in device memory: the
+    /// copy runs on a stream of Tern's, which is waited for (a synchronous `cuMemcpyHtoD`
+    /// from pageable memory returns "once the pageable buffer has been copied to the staging
+    /// memory for DMA transfer to device memory, but the DMA to final destination may not
+    /// have completed", Driver API, "API synchronization behavior").
     ///
     /// # Safety
     ///
     /// `[dst, dst + len)` must be memory of this device that stays allocated during the call
     /// and that the caller may write, and `[src, src + len)` host memory valid for reads.
     pub unsafe fn copy_from_host(
-        &self,
+        &'static self,
         dst: u64,
         src: *const u8,
         len: usize,
     ) -> Result<(), CudaError> {
-        // SAFETY: the caller guarantees both ranges; cuMemcpyHtoD is synchronous for pageable
-        // and pinned sources alike (Driver API, "API synchronization behavior").
-        self.call("cuMemcpyHtoD", || unsafe {
-            (self.driver.api.memcpy_htod)(dst, src.cast::<c_void>(), len)
+        self.with_copier(DeviceOrder::AfterPriorWork, |stream| {
+            // SAFETY: as `copy_to_host`.
+            unsafe { stream.copy_from_host(dst, src, len) }
         })
     }
 
-    /// Copies `len` bytes between two ranges of device memory, synchronously.
-    ///
-    /// # Safety
-    ///
-    /// Both ranges must be device memory that stays allocated during the call; the caller may
-    /// write `[dst, dst + len)`.
-    pub unsafe fn copy_device(&self, dst: u64, src: u64, len: usize) -> Result<(), CudaError> {
-        // The context stays current for the wait on its default stream below.
-        let _current = self.enter()?;
-        // SAFETY: the caller guarantees both ranges.
-        let code = unsafe { (self.driver.api.memcpy_dtod)(dst, src, len) };
-        self.driver.check("cuMemcpyDtoD", code)?;
-        // cuMemcpyDtoD may return before the copy is done (Driver API, "API synchronization
-        // behavior": device-to-device copies are asynchronous to the host).
-        self.synchronize_default()
-    }
-
-    fn synchronize_default(&self) -> Result<(), CudaError> {
-        // SAFETY: the null stream is the legacy default stream of the current context, which
-        // `copy_device` made current.
-        let code = unsafe { (self.driver.api.stream_synchronize)(std::ptr::null_mut()) };
-        self.driver.check("cuStreamSynchronize", code)
+    /// Runs `enqueue` on one of the device's copy streams, after what `order` asks, and
+    /// waits for the stream: Tern's synchronous copies, none of which touches the legacy
+    /// stream (see [`DeviceOrder`]).
+    pub(crate) fn with_copier(
+        &'static self,
+        order: DeviceOrder,
+        enqueue: impl FnOnce(&Stream) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        let copier = self.take_copier()?;
+        let outcome = (|| {
+            if order == DeviceOrder::AfterPriorWork {
+                copier.stream.order_after_prior_work(&copier.fence)?;
+            }
+            enqueue(&copier.stream)?;
+            copier.stream.synchronize()
+        })();
+        if outcome.is_ok() {
+            self.give_back_copier(copier);
+        }
+        outcome
     }
 
     /// The whole allocation holding `addr`: its base and length (`cuMemGetAddressRange`).
@@ -217,6 +259,44 @@ impl Stream {
         self.device.call("cuMemcpyHtoDAsync", || unsafe {
             (self.device.driver.api.memcpy_htod_async)(dst, src.cast::<c_void>(), len, self.raw)
         })
+    }
+
+    /// Enqueues a copy of `len` bytes from `src` to `dst`, each host or device memory
+    /// (unified addressing tells which, Driver API, `cuMemcpyAsync`).
+    ///
+    /// # Safety
+    ///
+    /// Both ranges must stay valid (allocated, mapped) until an event recorded after this
+    /// copy has completed (or the stream is synchronized); the caller may write `[dst, dst +
+    /// len)`, which nothing else reads or writes meanwhile.
+    pub unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> Result<(), CudaError> {
+        // SAFETY: the caller guarantees the ranges for the copy's whole duration.
+        self.device.call("cuMemcpyAsync", || unsafe {
+            (self.device.driver.api.memcpy_async)(dst, src, len, self.raw)
+        })
+    }
+
+    /// Makes the work enqueued on this stream after this call wait, on the GPU, until
+    /// `event`'s last record has completed (`cuStreamWaitEvent`: "the wait applies to the
+    /// most recent call to cuEventRecord on the event"; an event never recorded is no wait).
+    pub fn wait(&self, event: &Event) -> Result<(), CudaError> {
+        // SAFETY: both handles are live and of this device's context; the flags must be 0.
+        self.device.call("cuStreamWaitEvent", || unsafe {
+            (self.device.driver.api.stream_wait_event)(self.raw, event.raw, 0)
+        })
+    }
+
+    /// Makes the work enqueued on this stream after this call wait for everything enqueued
+    /// on the device's legacy default stream (and so on every blocking stream) before it,
+    /// recording `fence` there: [`DeviceOrder::AfterPriorWork`]. Only the GPU waits; no host
+    /// thread blocks on the legacy stream.
+    pub fn order_after_prior_work(&self, fence: &Event) -> Result<(), CudaError> {
+        // SAFETY: the event is live and of this device's context, which the call makes
+        // current; the null stream is that context's legacy default stream.
+        self.device.call("cuEventRecord", || unsafe {
+            (self.device.driver.api.event_record)(fence.raw, std::ptr::null_mut())
+        })?;
+        self.wait(fence)
     }
 
     /// Records `event` after everything enqueued so far.

@@ -17,13 +17,16 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use crate::device::Device;
 use crate::driver::{
-    AccessDesc, AllocationProp, CuDevice, CuDevicePtr, CuMemHandle, IPC_HANDLE_LEN,
-    IPC_MEM_LAZY_ENABLE_PEER_ACCESS, IpcMemHandle, MEM_ACCESS_READWRITE, MEM_ALLOCATION_PINNED,
-    MEM_GRANULARITY_MINIMUM, MEM_HANDLE_POSIX_FD, MEM_LOCATION_DEVICE, MemLocation,
-    POINTER_ATTRIBUTE_IS_LEGACY_IPC_CAPABLE, POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
-    POINTER_ATTRIBUTE_MAPPING_SIZE, driver,
+    AccessDesc, AllocationProp, CuDevice, CuDevicePtr, CuMemHandle,
+    DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, DEVICE_ATTRIBUTE_GDR_WITH_VMM, FABRIC_HANDLE_LEN,
+    IPC_HANDLE_LEN, IPC_MEM_LAZY_ENABLE_PEER_ACCESS, IpcMemHandle, MEM_ACCESS_READWRITE,
+    MEM_ALLOCATION_PINNED, MEM_GRANULARITY_MINIMUM, MEM_HANDLE_FABRIC, MEM_HANDLE_POSIX_FD,
+    MEM_LOCATION_DEVICE, MemLocation, POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+    POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, POINTER_ATTRIBUTE_IS_LEGACY_IPC_CAPABLE,
+    POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, POINTER_ATTRIBUTE_MAPPING_SIZE, driver,
 };
 use crate::error::CudaError;
+use crate::memory::DeviceOrder;
 
 /// One piece of device memory as the owner hands it out: where it starts and ends in the
 /// owner's address space, and how another process reaches it.
@@ -45,6 +48,18 @@ pub enum ChunkReach {
     /// A POSIX file descriptor of the chunk's physical memory (VMM), to be sent with
     /// `SCM_RIGHTS`.
     Fd(OwnedFd),
+    /// A fabric handle of the chunk's physical memory (VMM whose chunks allow no descriptor:
+    /// nodes with IMEX channels), 64 bytes sent as they are.
+    Fabric([u8; FABRIC_HANDLE_LEN]),
+}
+
+/// What a peer imports a chunk of another process's VMM memory by.
+#[derive(Debug, Clone, Copy)]
+pub enum PeerHandle<'a> {
+    /// A descriptor of its physical memory.
+    Fd(&'a OwnedFd),
+    /// Its fabric handle.
+    Fabric(&'a [u8; FABRIC_HANDLE_LEN]),
 }
 
 impl Device {
@@ -133,19 +148,33 @@ impl Device {
                     name: format!("mapping [{base:#x}, +{size}) does not hold {at:#x}"),
                 });
             }
-            let fd = self.export_chunk(at)?;
+            let reach = self.export_chunk(at)?;
             chunks.push(SharedChunk {
                 base,
                 len: size,
-                reach: ChunkReach::Fd(fd),
+                reach,
             });
             at = base + size;
         }
         Ok(chunks)
     }
 
-    /// The VMM mapping holding `addr`: its start and size.
-    fn mapping_of(&self, addr: u64) -> Result<(u64, u64), CudaError> {
+    /// The VMM mapping holding `addr`: its start and size. `MAPPING_BASE_ADDR` and
+    /// `MAPPING_SIZE` are in cuda.h but not in `cuPointerGetAttribute`'s reference: where the
+    /// driver refuses them, the address range `cuMemGetAddressRange` names stands in.
+    pub(crate) fn mapping_of(&self, addr: u64) -> Result<(u64, u64), CudaError> {
+        match self.mapping_attributes_of(addr) {
+            Ok(found) => Ok(found),
+            Err(refused) => {
+                tracing::debug!("{refused}; taking cuMemGetAddressRange's range instead");
+                let (base, len) = self.allocation_of(addr)?;
+                Ok((base, len as u64))
+            }
+        }
+    }
+
+    /// [`mapping_of`](Self::mapping_of) as the pointer attributes say it.
+    fn mapping_attributes_of(&self, addr: u64) -> Result<(u64, u64), CudaError> {
         let mut base: CuDevicePtr = 0;
         let mut size: usize = 0;
         // SAFETY: MAPPING_BASE_ADDR writes one CUdeviceptr, MAPPING_SIZE one size_t; the
@@ -172,8 +201,43 @@ impl Device {
         Ok((base, size as u64))
     }
 
-    /// A file descriptor of the physical memory mapped at `addr`.
-    fn export_chunk(&self, addr: u64) -> Result<OwnedFd, CudaError> {
+    /// The handle types the allocation mapped at `addr` may be exported as
+    /// (`CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES`).
+    fn allowed_handle_types(&self, addr: u64) -> Result<u64, CudaError> {
+        let mut allowed: u64 = 0;
+        // SAFETY: ALLOWED_HANDLE_TYPES writes one uint64_t; the query reads no memory.
+        let code = unsafe {
+            (self.driver.api.pointer_get_attribute)(
+                (&raw mut allowed).cast::<c_void>(),
+                POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+                addr,
+            )
+        };
+        self.driver
+            .check("cuPointerGetAttribute(ALLOWED_HANDLE_TYPES)", code)?;
+        Ok(allowed)
+    }
+
+    /// How a peer reaches the physical memory mapped at `addr`: a file descriptor where the
+    /// chunk allows one, else its fabric handle (the only kind PyTorch's expandable segments
+    /// make where IMEX channels exist); an error naming the handle types otherwise.
+    fn export_chunk(&self, addr: u64) -> Result<ChunkReach, CudaError> {
+        let allowed = self.allowed_handle_types(addr)?;
+        let kind = if allowed & MEM_HANDLE_POSIX_FD as u64 != 0 {
+            MEM_HANDLE_POSIX_FD
+        } else if allowed & MEM_HANDLE_FABRIC as u64 != 0 {
+            MEM_HANDLE_FABRIC
+        } else {
+            return Err(CudaError::Call {
+                call: "cuMemExportToShareableHandle",
+                code: 0,
+                name: format!(
+                    "the chunk at {addr:#x} allows handle types {allowed:#x}: neither \
+                     POSIX_FILE_DESCRIPTOR (0x1) nor FABRIC (0x8), so no other process can \
+                     map it"
+                ),
+            });
+        };
         let mut handle: CuMemHandle = 0;
         // SAFETY: writes one handle for the allocation mapped at `addr`; reads no memory.
         let code = unsafe {
@@ -181,30 +245,39 @@ impl Device {
         };
         self.driver.check("cuMemRetainAllocationHandle", code)?;
         let mut fd: c_int = -1;
-        // SAFETY: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the shareable handle is one
-        // int, written through the pointer (Driver API, cuMemExportToShareableHandle).
-        let code = unsafe {
-            (self.driver.api.mem_export_to_shareable_handle)(
-                (&raw mut fd).cast::<c_void>(),
-                handle,
-                MEM_HANDLE_POSIX_FD,
-                0,
-            )
+        let mut fabric = [0u8; FABRIC_HANDLE_LEN];
+        let out = if kind == MEM_HANDLE_FABRIC {
+            fabric.as_mut_ptr().cast::<c_void>()
+        } else {
+            (&raw mut fd).cast::<c_void>()
         };
+        // SAFETY: the shareable handle is one int for POSIX_FILE_DESCRIPTOR and a
+        // CUmemFabricHandle (64 bytes) for FABRIC, written through the pointer (Driver API,
+        // cuMemExportToShareableHandle); `out` points at one of those, for `kind`.
+        let code =
+            unsafe { (self.driver.api.mem_export_to_shareable_handle)(out, handle, kind, 0) };
         // SAFETY: the retained handle is released once (cuMemRetainAllocationHandle: "must
         // be released with cuMemRelease"); the mapping keeps the memory.
         let released = unsafe { (self.driver.api.mem_release)(handle) };
-        self.driver.check("cuMemExportToShareableHandle", code)?;
+        let call = if kind == MEM_HANDLE_FABRIC {
+            "cuMemExportToShareableHandle(FABRIC)"
+        } else {
+            "cuMemExportToShareableHandle(POSIX_FILE_DESCRIPTOR)"
+        };
+        self.driver.check(call, code)?;
         self.driver.check("cuMemRelease", released)?;
+        if kind == MEM_HANDLE_FABRIC {
+            return Ok(ChunkReach::Fabric(fabric));
+        }
         if fd < 0 {
             return Err(CudaError::Call {
-                call: "cuMemExportToShareableHandle",
+                call,
                 code: 0,
                 name: format!("descriptor {fd}"),
             });
         }
         // SAFETY: the driver made a new descriptor for the caller, which now owns it.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        Ok(ChunkReach::Fd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
     /// Opens a CUDA IPC handle another process of this host made for memory of this device.
@@ -232,9 +305,13 @@ impl Device {
         })
     }
 
-    /// Maps `len` bytes of the physical memory a peer exported as `fd` (VMM), readable and
-    /// writable by this device.
-    pub fn map_shared(&'static self, fd: &OwnedFd, len: u64) -> Result<PeerMemory, CudaError> {
+    /// Maps `len` bytes of the physical memory a peer exported (VMM), by its descriptor or
+    /// fabric handle, readable and writable by this device.
+    pub fn map_shared(
+        &'static self,
+        shared: PeerHandle<'_>,
+        len: u64,
+    ) -> Result<PeerMemory, CudaError> {
         let size = usize::try_from(len).map_err(|_| CudaError::Call {
             call: "cuMemAddressReserve",
             code: crate::driver::ERROR_INVALID_VALUE,
@@ -243,17 +320,24 @@ impl Device {
         let _current = self.enter()?;
         let api = &self.driver.api;
         let mut handle: CuMemHandle = 0;
-        // SAFETY: for POSIX file descriptors the OS handle is the descriptor itself, cast to
-        // a pointer (Driver API, cuMemImportFromShareableHandle); the driver does not take
-        // ownership of it, and it stays open during the call.
-        let code = unsafe {
-            (api.mem_import_from_shareable_handle)(
-                &mut handle,
+        let (os_handle, kind, call) = match shared {
+            PeerHandle::Fd(fd) => (
                 fd.as_raw_fd() as usize as *mut c_void,
                 MEM_HANDLE_POSIX_FD,
-            )
+                "cuMemImportFromShareableHandle(POSIX_FILE_DESCRIPTOR)",
+            ),
+            PeerHandle::Fabric(fabric) => (
+                fabric.as_ptr().cast_mut().cast::<c_void>(),
+                MEM_HANDLE_FABRIC,
+                "cuMemImportFromShareableHandle(FABRIC)",
+            ),
         };
-        self.driver.check("cuMemImportFromShareableHandle", code)?;
+        // SAFETY: for POSIX file descriptors the OS handle is the descriptor itself, cast to
+        // a pointer, and for FABRIC a pointer to the CUmemFabricHandle (Driver API,
+        // cuMemImportFromShareableHandle); the driver does not take ownership of either (the
+        // descriptor stays open, the handle borrowed, during the call).
+        let code = unsafe { (api.mem_import_from_shareable_handle)(&mut handle, os_handle, kind) };
+        self.driver.check(call, code)?;
         let mut addr: CuDevicePtr = 0;
         // SAFETY: writes one CUdeviceptr; alignment 0 is the default, flags must be 0.
         let code = unsafe { (api.mem_address_reserve)(&mut addr, size, 0, 0, 0) };
@@ -294,9 +378,11 @@ impl Device {
     }
 
     /// Allocates `len` bytes (rounded up to the granularity) of this device's memory in
-    /// `chunks` separately created physical pieces mapped back to back, exportable as POSIX
-    /// file descriptors: the layout of PyTorch's `expandable_segments:True`. For tests and
-    /// benchmarks.
+    /// `chunks` separately created physical pieces mapped back to back: the layout of
+    /// PyTorch's `expandable_segments:True`, made as it makes it (CUDA 12.3 and later) — each
+    /// chunk exportable as a fabric handle where the driver allows that (nodes with IMEX
+    /// channels), else as a POSIX file descriptor; GPUDirect RDMA capable where the device
+    /// supports it with VMM memory. For tests and benchmarks.
     pub fn allocate_chunked(
         &'static self,
         chunk: usize,
@@ -304,15 +390,41 @@ impl Device {
     ) -> Result<ChunkedBuffer, CudaError> {
         let _current = self.enter()?;
         let api = &self.driver.api;
-        let prop = AllocationProp {
+        let mut alloc_flags = [0u8; 8];
+        // allocFlags.gpuDirectRDMACapable: "must be set only if the device supports
+        // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED" (CUmemAllocationProp).
+        alloc_flags[1] = u8::from(self.attribute(DEVICE_ATTRIBUTE_GDR_WITH_VMM).unwrap_or(0) != 0);
+        let mut prop = AllocationProp {
             kind: MEM_ALLOCATION_PINNED,
-            requested_handle_types: MEM_HANDLE_POSIX_FD,
+            requested_handle_types: MEM_HANDLE_FABRIC,
             location: MemLocation {
                 kind: MEM_LOCATION_DEVICE,
                 id: c_int::try_from(self.ordinal()).unwrap_or(c_int::MAX),
             },
+            alloc_flags,
             ..AllocationProp::default()
         };
+        // Fabric handles first, descriptors where the driver refuses them, as PyTorch asks
+        // (c10/cuda/CUDACachingAllocator.cpp, ExpandableSegment::map).
+        let mut probe: CuMemHandle = 0;
+        let mut granularity = 0usize;
+        // SAFETY: writes one size_t for a valid property block.
+        let code = unsafe {
+            (api.mem_get_allocation_granularity)(&mut granularity, &prop, MEM_GRANULARITY_MINIMUM)
+        };
+        let fabric = code == 0 && {
+            let size = granularity.max(1);
+            // SAFETY: writes one handle for a valid property block; flags must be 0.
+            let made = unsafe { (api.mem_create)(&mut probe, size, &prop, 0) } == 0;
+            if made {
+                // SAFETY: releases the probe allocation made above, once.
+                unsafe { (api.mem_release)(probe) };
+            }
+            made
+        };
+        if !fabric {
+            prop.requested_handle_types = MEM_HANDLE_POSIX_FD;
+        }
         let mut granularity = 0usize;
         // SAFETY: writes one size_t for a valid property block.
         let code = unsafe {
@@ -355,22 +467,36 @@ impl Device {
         Ok(buffer)
     }
 
-    /// A DMA-BUF of the whole allocation holding `[addr, addr + len)`, for NICs to register
-    /// (`ibv_reg_dmabuf_mr`): the descriptor, and the offset of `addr` in it. The whole
-    /// allocation, because PyTorch's caching allocator packs many tensors into one and the
-    /// exporter works on allocations.
+    /// A DMA-BUF of `[addr, addr + len)` widened to the host page size, for NICs to
+    /// register (`ibv_reg_dmabuf_mr`): the descriptor, and the offset of `addr` in it.
+    /// `cuMemGetHandleForAddressRange` wants a device that says
+    /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED` and a range aligned to the host page size
+    /// that is wholly mapped; within one reservation of VMM memory the range may span
+    /// several chunks.
     pub fn dmabuf(&self, addr: u64, len: u64) -> Result<(OwnedFd, u64), CudaError> {
-        let (base, size) = self.allocation_of(addr)?;
-        if addr.saturating_add(len) > base + size as u64 {
-            return Err(CudaError::Call {
-                call: "cuMemGetAddressRange",
-                code: crate::driver::ERROR_INVALID_VALUE,
-                name: format!(
-                    "[{addr:#x}, +{len}) runs past its allocation [{base:#x}, +{size}): one \
-                     DMA-BUF cannot cover it"
-                ),
-            });
+        let unsupported = |name: String| CudaError::Call {
+            call: "cuMemGetHandleForAddressRange",
+            code: crate::driver::ERROR_INVALID_VALUE,
+            name,
+        };
+        if self.attribute(DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)? == 0 {
+            return Err(unsupported(
+                "the device reports CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0 (no dma-buf \
+                 export: the kernel or driver lacks it)"
+                    .into(),
+            ));
         }
+        let page = host_page_size();
+        let base = addr & !(page - 1);
+        let end = addr
+            .checked_add(len)
+            .and_then(|end| end.checked_next_multiple_of(page))
+            .ok_or_else(|| unsupported(format!("[{addr:#x}, +{len}) overflows")))?;
+        let size = usize::try_from(end - base)
+            .map_err(|_| unsupported(format!("{} bytes do not fit", end - base)))?;
+        self.check_wholly_mapped(base, end).map_err(|gap| {
+            unsupported(format!("[{base:#x}, {end:#x}) is not wholly mapped: {gap}"))
+        })?;
         let _current = self.enter()?;
         let mut fd: c_int = -1;
         // SAFETY: for CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD the handle is one int, written
@@ -396,24 +522,62 @@ impl Device {
         Ok((unsafe { OwnedFd::from_raw_fd(fd) }, addr - base))
     }
 
+    /// Whether NICs may reach the memory at `addr` by GPUDirect RDMA
+    /// (`CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE`).
+    pub fn is_gpu_direct_rdma_capable(&self, addr: u64) -> Result<bool, CudaError> {
+        let _current = self.enter()?;
+        let mut capable: c_int = 0;
+        // SAFETY: IS_GPU_DIRECT_RDMA_CAPABLE writes one int; the query reads no memory.
+        let code = unsafe {
+            (self.driver.api.pointer_get_attribute)(
+                (&raw mut capable).cast::<c_void>(),
+                POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE,
+                addr,
+            )
+        };
+        self.driver
+            .check("cuPointerGetAttribute(IS_GPU_DIRECT_RDMA_CAPABLE)", code)?;
+        Ok(capable != 0)
+    }
+
+    /// Whether `[start, end)` is device memory mapped without a gap: inside one `cuMemAlloc`
+    /// allocation, or VMM mappings back to back; else where it stops.
+    fn check_wholly_mapped(&self, start: u64, end: u64) -> Result<(), String> {
+        let mut at = start;
+        while at < end {
+            let (base, size) = self
+                .mapping_of(at)
+                .or_else(|_| self.allocation_of(at).map(|(b, s)| (b, s as u64)))
+                .map_err(|e| format!("{at:#x}: {e}"))?;
+            if base > at || base + size <= at {
+                return Err(format!("nothing is mapped at {at:#x}"));
+            }
+            at = base + size;
+        }
+        Ok(())
+    }
+
     /// Copies `len` bytes from `src` to `dst`, each host or device memory (unified
-    /// addressing tells which), and returns when they have landed.
+    /// addressing tells which), after what `order` asks, on a stream of Tern's (never the
+    /// legacy default stream, so no caller's work there can hold it), and returns when they
+    /// have landed.
     ///
     /// # Safety
     ///
     /// Both ranges must stay valid (allocated, mapped) during the call, and the caller may
     /// write `[dst, dst + len)`, which nothing else reads or writes meanwhile.
-    pub unsafe fn copy_any(&self, dst: u64, src: u64, len: usize) -> Result<(), CudaError> {
-        let _current = self.enter()?;
-        // SAFETY: the caller guarantees both ranges; cuMemcpy infers each side's kind from
-        // the address under unified addressing (Driver API, cuMemcpy).
-        let code = unsafe { (self.driver.api.memcpy)(dst, src, len) };
-        self.driver.check("cuMemcpy", code)?;
-        // Device-side copies may return before they are done, and a pageable host source
-        // before its DMA finishes (Driver API, "API synchronization behavior"): wait.
-        // SAFETY: the null stream is the legacy default stream of the context made current.
-        let code = unsafe { (self.driver.api.stream_synchronize)(std::ptr::null_mut()) };
-        self.driver.check("cuStreamSynchronize", code)
+    pub unsafe fn copy_any(
+        &'static self,
+        dst: u64,
+        src: u64,
+        len: usize,
+        order: DeviceOrder,
+    ) -> Result<(), CudaError> {
+        self.with_copier(order, |stream| {
+            // SAFETY: the caller guarantees both ranges until this returns, and `with_copier`
+            // waits for the stream before it does.
+            unsafe { stream.copy(dst, src, len) }
+        })
     }
 }
 
@@ -532,7 +696,14 @@ impl ChunkedBuffer {
         let dst = self.check(offset, data.len())?;
         // SAFETY: `[dst, +len)` lies in this live, wholly mapped buffer (checked); `data` is
         // a borrow.
-        unsafe { self.device.copy_any(dst, data.as_ptr() as u64, data.len()) }
+        unsafe {
+            self.device.copy_any(
+                dst,
+                data.as_ptr() as u64,
+                data.len(),
+                DeviceOrder::AfterPriorWork,
+            )
+        }
     }
 
     /// Copies the bytes at `offset` into `out`.
@@ -541,8 +712,12 @@ impl ChunkedBuffer {
         // SAFETY: `[src, +len)` lies in this live, wholly mapped buffer (checked); `out` is an
         // exclusive borrow.
         unsafe {
-            self.device
-                .copy_any(out.as_mut_ptr() as u64, src, out.len())
+            self.device.copy_any(
+                out.as_mut_ptr() as u64,
+                src,
+                out.len(),
+                DeviceOrder::AfterPriorWork,
+            )
         }
     }
 }
@@ -561,4 +736,14 @@ impl Drop for ChunkedBuffer {
         // SAFETY: the reservation was made by `allocate_chunked` with this size.
         unsafe { (api.mem_address_free)(self.addr, self.chunk * self.chunks) };
     }
+}
+
+/// The host's page size, which dma-buf ranges are aligned to.
+fn host_page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions; _SC_PAGESIZE is always defined on Linux.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size)
+        .ok()
+        .filter(|s| s.is_power_of_two())
+        .unwrap_or(4096)
 }

@@ -57,7 +57,7 @@ pub use stats::{
     ServedStats, SharedMovedCounter, TransportReport, TransportStats,
 };
 /// The CUDA driver, loaded on first use (device memory needs one).
-pub use tern_cuda::{CallerStream, CudaError, driver as cuda_driver};
+pub use tern_cuda::{CallerStream, CudaError, DeviceOrder, driver as cuda_driver};
 pub use tern_memreg::{
     AlignedBuffer, MemoryKind, Pinned, PretouchPolicy, Region, RegionInfo, RegionPin, RegisterRaw,
 };

@@ -186,6 +186,12 @@ fn step(engine: &Weak<EngineInner>, job: &mut Job) -> bool {
             Ok(false) => false,
             Ok(true) => {
                 let started = handle.allocate_batch(job.requests.len()).and_then(|batch| {
+                    // Started after the caller's earlier work on its stream: no fence on the
+                    // legacy stream, where this very call's gate may hold everything.
+                    batch
+                        .inner
+                        .stream_ordered
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
                     handle.submit(&batch, &job.requests)?;
                     Ok(batch)
                 });

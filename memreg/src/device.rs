@@ -8,7 +8,7 @@
 
 use std::io;
 
-use tern_cuda::{CudaError, Device, Event, MemoryKind, PinnedBuffer, Stream};
+use tern_cuda::{CudaError, Device, DeviceOrder, Event, MemoryKind, PinnedBuffer, Stream};
 
 use crate::region::{MemoryError, Region, RegionIo, RegionPin, RegionSlice, write_some};
 
@@ -130,6 +130,12 @@ struct Buffers {
     copied: [Event; 2],
     /// Which chunk of the current slice each buffer holds (outbound).
     holds: [Option<usize>; 2],
+    /// Recorded on the device's legacy stream, for the stream to wait on: how a slice's
+    /// copies come after the device's earlier work ([`DeviceOrder::AfterPriorWork`]).
+    fence: Event,
+    /// What the current slice's copies must come after, until its first copy has been
+    /// ordered so (then `None`).
+    order: Option<DeviceOrder>,
 }
 
 impl Buffers {
@@ -143,7 +149,18 @@ impl Buffers {
             ],
             copied: [Event::new(device)?, Event::new(device)?],
             holds: [None, None],
+            fence: Event::new(device)?,
+            order: None,
         })
+    }
+
+    /// Orders the copies enqueued from now on after what the current slice asked for, once
+    /// per slice, before its first copy.
+    fn order_slice(&mut self) -> Result<(), CudaError> {
+        if self.order.take() == Some(DeviceOrder::AfterPriorWork) {
+            self.stream.order_after_prior_work(&self.fence)?;
+        }
+        Ok(())
     }
 
     /// Buffers for `device`, made (or remade for another device) on first need.
@@ -171,6 +188,7 @@ impl Buffers {
         self.copied[b].synchronize()?;
         let (src, len) = range.chunk(index);
         self.holds[b] = None;
+        self.order_slice()?;
         // SAFETY: `src..src + len` lies in the pinned device region (`DeviceRange` is made
         // only from a checked range of a pin, and the caller holds the pin while staging);
         // the pinned buffer holds STAGE_CHUNK >= len bytes, and nothing reads it until the
@@ -186,11 +204,15 @@ impl Buffers {
 }
 
 /// Staging for one connection or lane: the pinned buffers through which device memory
-/// reaches a socket, two per direction.
+/// reaches a socket, two per direction. Its copies run on streams of Tern's, each slice's
+/// after what the slice's [`DeviceOrder`] asks (a lane's slices: their batch's; a server's:
+/// the device's earlier work, which it cannot know more of).
 #[derive(Debug, Default)]
 pub struct Stage {
     outbound: Option<Buffers>,
     inbound: Option<Buffers>,
+    /// What the outbound slice begun last must come after, for buffers made after it began.
+    outbound_order: Option<DeviceOrder>,
 }
 
 fn io_error(error: MemoryError) -> io::Error {
@@ -204,10 +226,12 @@ impl Stage {
     }
 
     /// Forgets what the outbound buffers hold: the next [`Stage::outbound`] is for a new
-    /// slice, whose bytes are copied afresh.
-    pub fn begin_outbound(&mut self) {
+    /// slice, whose bytes are copied afresh, after what `order` asks.
+    pub fn begin_outbound(&mut self, order: DeviceOrder) {
+        self.outbound_order = Some(order);
         if let Some(buffers) = self.outbound.as_mut() {
             buffers.holds = [None, None];
+            buffers.order = Some(order);
         }
     }
 
@@ -226,7 +250,14 @@ impl Stage {
             return pin.slice(addr + from, len.saturating_sub(from));
         };
         let staged = (|| {
+            let fresh = self
+                .outbound
+                .as_ref()
+                .is_none_or(|b| !std::ptr::eq(b.device, range.device));
             let buffers = Buffers::for_device(&mut self.outbound, range.device)?;
+            if fresh {
+                buffers.order = self.outbound_order;
+            }
             let index = from / STAGE_CHUNK;
             let b = index % 2;
             if buffers.holds[b] != Some(index) {
@@ -256,13 +287,15 @@ impl Stage {
 
     /// Where to receive the bytes of `[addr + got, addr + len)`: for host memory the region
     /// itself, for device memory the rest of the current chunk's pinned buffer. Report what
-    /// was received with [`Stage::received`].
+    /// was received with [`Stage::received`]. The slice's copies into device memory come
+    /// after what `order` asks (given with its first bytes, `got` 0).
     pub fn inbound<'a>(
         &'a mut self,
         pin: &'a RegionPin,
         addr: usize,
         len: usize,
         got: usize,
+        order: DeviceOrder,
     ) -> Result<RegionSlice<'a>, MemoryError> {
         let Some(range) = pin.device_range(addr, len)? else {
             return pin.slice(addr + got, len.saturating_sub(got));
@@ -271,6 +304,9 @@ impl Stage {
         let b = index % 2;
         let buffers = Buffers::for_device(&mut self.inbound, range.device)
             .map_err(|e| device_error(addr, e))?;
+        if got == 0 {
+            buffers.order = Some(order);
+        }
         if got.is_multiple_of(STAGE_CHUNK) {
             // The buffer's copy to the device of two chunks ago must be done first.
             buffers.copied[b]
@@ -311,6 +347,7 @@ impl Stage {
         }
         let b = index % 2;
         (|| {
+            buffers.order_slice()?;
             // SAFETY: `dst..dst + chunk_len` lies in the pinned device region (checked by
             // `device_range`); the pinned buffer's first `chunk_len` bytes are the received
             // chunk, and nothing writes the buffer again before the event recorded next has
@@ -359,7 +396,9 @@ impl Stage {
         let mut got = 0;
         let result = (|| {
             while got < len {
-                let dst = self.inbound(pin, addr, len, got).map_err(io_error)?;
+                let dst = self
+                    .inbound(pin, addr, len, got, DeviceOrder::AfterPriorWork)
+                    .map_err(io_error)?;
                 match source.read_into(dst) {
                     Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                     Ok(n) => {
@@ -391,7 +430,7 @@ impl Stage {
         if !pin.is_device() {
             return pin.write_prefixed_to(prefix, addr, len, sink);
         }
-        self.begin_outbound();
+        self.begin_outbound(DeviceOrder::AfterPriorWork);
         let (mut head, mut sent) = (prefix, 0);
         let result = (|| {
             while !head.is_empty() || sent < len {

@@ -43,3 +43,4 @@ pub use region::{
     skip_sent_frames,
 };
 pub use socket::{Ready, recv_now, wait_ready};
+pub use tern_cuda::DeviceOrder;

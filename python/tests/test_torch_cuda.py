@@ -140,3 +140,63 @@ def test_transfers_on_the_current_stream_keep_its_order():
     with pytest.raises(tern.TransferError):
         failing.wait(60)
     stream.synchronize()
+
+
+def test_a_transfer_that_names_no_stream_comes_after_the_default_streams_kernels():
+    # PyTorch's default stream is the legacy stream: kernels queued there (a long sleep, then
+    # a fill) come before a write that names no stream, though the caller never synchronized.
+    initiator, target = engines("tcp")
+    source, remote = torch.zeros(NBYTES, dtype=torch.uint8, device="cuda"), torch.zeros(NBYTES, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    assert initiator.register_memory(source.data_ptr(), NBYTES) == 0
+    assert target.register_memory(remote.data_ptr(), NBYTES) == 0
+    session = f"{LOCAL}:{target.get_rpc_port()}"
+    torch.cuda._sleep(100_000_000)
+    source.fill_(9)
+    assert initiator.transfer_sync_write(session, source.data_ptr(), remote.data_ptr(), NBYTES) == 0
+    torch.cuda.synchronize()
+    assert int(remote.min()) == 9 and int(remote.max()) == 9
+    # And a read lands after a kernel queued before it that writes its destination.
+    landing = torch.zeros(NBYTES, dtype=torch.uint8, device="cuda")
+    assert initiator.register_memory(landing.data_ptr(), NBYTES) == 0
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100_000_000)
+    landing.fill_(3)
+    assert initiator.transfer_sync_read(session, landing.data_ptr(), remote.data_ptr(), NBYTES) == 0
+    torch.cuda.synchronize()
+    assert int(landing.min()) == 9 and int(landing.max()) == 9
+
+
+ON_STREAM_0 = textwrap.dedent(
+    """
+    import sys, torch
+    from tern.mooncake import TransferEngine
+    nbytes = int(sys.argv[1])
+    initiator, target = TransferEngine(), TransferEngine()
+    for engine in (initiator, target):
+        assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "shm", "") == 0
+    source = torch.full((nbytes,), 5, dtype=torch.uint8, device="cuda")
+    remote = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    assert initiator.register_memory(source.data_ptr(), nbytes) == 0
+    assert target.register_memory(remote.data_ptr(), nbytes) == 0
+    session = f"127.0.0.1:{target.get_rpc_port()}"
+    handle = initiator.transfer_write_on_cuda(session, source.data_ptr(), remote.data_ptr(), nbytes, 0)
+    assert handle.wait(20) == nbytes
+    torch.cuda.synchronize()
+    assert int(remote.min()) == 5
+    print("done", flush=True)
+    """
+)
+
+
+def test_a_transfer_on_stream_0_over_the_same_host_transport_ends():
+    # In a process of its own: a hang would otherwise outlive the test.
+    done = subprocess.run(
+        [sys.executable, "-c", ON_STREAM_0, str(NBYTES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ.copy(),
+    )
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-2000:]

@@ -64,10 +64,16 @@ pub struct SelfChild {
 impl SelfChild {
     /// Starts the child.
     pub fn start(test: &str, env_var: &str) -> Self {
+        Self::start_with(test, env_var, &[])
+    }
+
+    /// Starts the child with `env` set in its environment besides `env_var`.
+    pub fn start_with(test: &str, env_var: &str, env: &[(&str, &str)]) -> Self {
         use std::io::BufRead;
         let mut child = Command::new(std::env::current_exe().expect("the test binary"))
             .args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env(env_var, "1")
+            .envs(env.iter().copied())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()

@@ -323,3 +323,99 @@ fn device_memory_moves_between_processes_by_the_gpu_and_every_chunk_is_mapped() 
     );
     drop(owner);
 }
+
+/// An owner child whose driver behaves as `env` says, its segment, and the address of its
+/// chunked (VMM) buffer.
+fn owner_with(env: &[(&str, &str)]) -> (SelfChild, String, u64) {
+    let owner = SelfChild::start_with(
+        "serves_as_the_device_owner_when_run_as_its_child",
+        OWNER_ENV,
+        env,
+    );
+    let said = owner.next("owner ");
+    let words: Vec<&str> = said.split_whitespace().collect();
+    let (segment, chunked) = (words[0].to_owned(), words[2].parse::<u64>().unwrap());
+    (owner, segment, chunked)
+}
+
+/// Writes a pattern over all of the owner's chunked buffer from host memory and reads it
+/// back; returns the initiator's same-host stats.
+fn write_and_read_the_chunked_buffer(
+    owner: &mut SelfChild,
+    segment: &str,
+    chunked: u64,
+) -> tern_engine::TransportStats {
+    let initiator = engine();
+    let whole = CHUNK * CHUNKS;
+    let local = initiator.allocate(whole, "cpu:0").unwrap();
+    let peer = initiator.open_segment(segment).unwrap();
+    let sent = pattern(whole, 61);
+    local.write_at(0, &sent).unwrap();
+    let cuts = [0, CHUNK - 1000, CHUNK + 5000, 2 * CHUNK + 1, whole];
+    run_to_completion(
+        &initiator,
+        &pieces(local.addr() as u64, peer, chunked, &cuts, true),
+    );
+    assert_eq!(
+        owner.ask("sum chunked", "sum ").parse::<u64>().unwrap(),
+        digest(&sent),
+        "the owner's VMM memory holds other bytes"
+    );
+    let back = initiator.allocate(whole, "cpu:0").unwrap();
+    run_to_completion(
+        &initiator,
+        &[TransferRequest::read(back.addr(), peer, chunked, whole)],
+    );
+    let mut got = vec![0u8; whole];
+    back.read_at(0, &mut got).unwrap();
+    assert!(got == sent, "the bytes read back differ");
+    transport_stats(&initiator, "shm")
+}
+
+/// VMM memory as PyTorch makes it where IMEX channels exist: each chunk exportable as a
+/// fabric handle only, no descriptor; and a driver that refuses the mapping attributes,
+/// where each chunk's bounds come from `cuMemGetAddressRange`. The peer maps every chunk by
+/// its fabric handle, and the GPU moves the bytes.
+#[test]
+fn vmm_chunks_that_allow_only_fabric_handles_are_mapped_by_them() {
+    if tern_testkit::cuda::real_gpu() {
+        return;
+    }
+    gpu();
+    let (mut owner, segment, chunked) = owner_with(&[
+        ("TERN_STANDIN_IMEX", "1"),
+        ("TERN_STANDIN_NO_MAPPING_ATTRS", "1"),
+    ]);
+    let shm = write_and_read_the_chunked_buffer(&mut owner, &segment, chunked);
+    assert!(shm.declined.is_empty(), "{:?}", shm.declined);
+    assert_eq!(
+        shm.bytes,
+        2 * (CHUNK * CHUNKS) as u64,
+        "the GPU carried it all"
+    );
+}
+
+/// A chunk no other process can map (it allows neither a descriptor nor a fabric handle):
+/// its slices are declined to TCP, which moves them, and the decline names the handle types.
+#[test]
+fn a_vmm_chunk_no_peer_can_map_is_declined_naming_its_handle_types() {
+    if tern_testkit::cuda::real_gpu() {
+        return;
+    }
+    gpu();
+    tern_testkit::logs::capture();
+    let (mut owner, segment, chunked) = owner_with(&[("TERN_STANDIN_UNSHAREABLE", "1")]);
+    let shm = write_and_read_the_chunked_buffer(&mut owner, &segment, chunked);
+    let declined = shm
+        .declined
+        .iter()
+        .find(|d| d.reason.contains("declined its device memory"))
+        .unwrap_or_else(|| panic!("the slices were not declined: {:?}", shm.declined));
+    assert!(declined.bytes > 0, "{declined:?}");
+    let said = tern_testkit::logs::mentioning("allows handle types");
+    assert!(
+        said.iter()
+            .any(|l| l.contains("POSIX_FILE_DESCRIPTOR") && l.contains("FABRIC")),
+        "the decline does not name the handle types: {said:?}"
+    );
+}

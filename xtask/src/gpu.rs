@@ -16,84 +16,32 @@ use crate::{cargo, root};
 const MAX_BUNDLE_BYTES: u64 = 48 << 20;
 
 /// The device-memory test binaries: `(package, test target)`.
-const GPU_TESTS: [(&str, &str); 3] = [
+const GPU_TESTS: [(&str, &str); 4] = [
     ("tern-memreg", "device"),
     ("tern-transport-shm", "device"),
     ("tern-bench", "device"),
+    ("tern-bench", "device_order"),
 ];
 
-/// What `run.sh` does.
-const RUN_SH: &str = r#"#!/bin/sh
-# Tern's GPU checks: one line per check; details in logs/. Exit status 0 only when all pass.
-HERE=$(cd "$(dirname "$0")" && pwd)
-cd "$HERE" || exit 1
-if ! { [ -e /dev/nvidia0 ] || command -v nvidia-smi >/dev/null 2>&1; }; then
-  echo "no NVIDIA GPU on this machine (no /dev/nvidia0, no nvidia-smi): nothing to check"
-  exit 2
-fi
-mkdir -p logs
-failed=0
-check() {
-  name=$1; shift
-  started=$(date +%s)
-  if "$@" >"logs/$name.log" 2>&1; then
-    echo "ok    $name ($(( $(date +%s) - started )) s)"
-  else
-    echo "FAIL  $name ($(( $(date +%s) - started )) s): see logs/$name.log"
-    tail -n 5 "logs/$name.log" | sed 's/^/      /'
-    failed=1
-  fi
-}
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu   /'
-export TERN_GPU=1 RUST_BACKTRACE=1
-for test in bin/*; do
-  check "rust-$(basename "$test")" "$test" --test-threads=1
-done
-PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' >logs/torch.log 2>&1; then
-  echo "FAIL  python: $PYTHON has no PyTorch with CUDA (logs/torch.log)"
-  exit 1
-fi
-rm -rf venv
-"$PYTHON" -m venv --system-site-packages venv >logs/venv.log 2>&1 || { echo "FAIL  python venv: logs/venv.log"; exit 1; }
-install() {
-  venv/bin/python -m pip install -q --no-index --find-links wheels --force-reinstall --no-deps "$1" >>logs/venv.log 2>&1 &&
-    venv/bin/python -c 'import tern' >>logs/venv.log 2>&1
-}
-venv/bin/python -m pip install -q --no-index --find-links wheels pytest >>logs/venv.log 2>&1 ||
-  { echo "FAIL  pytest from the bundle: logs/venv.log"; exit 1; }
-# The default wheel links libibverbs; a machine without rdma-core takes the TCP-only one.
-if install wheels/tern-default/*.whl; then wheel=default
-elif install wheels/tern-tcp-only/*.whl; then wheel=tcp-only
-else echo "FAIL  installing a tern wheel: logs/venv.log"; exit 1; fi
-echo "note  python: $("$PYTHON" --version 2>&1), torch $(venv/bin/python -c 'import torch; print(torch.__version__)'), the $wheel wheel"
-check python-default-allocator venv/bin/python -m pytest -q -p no:cacheprovider python/tests
-check python-expandable-segments env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-  venv/bin/python -m pytest -q -p no:cacheprovider python/tests
-check bench-default-allocator venv/bin/python python/bench_gpu.py
-check bench-expandable-segments env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-  venv/bin/python python/bench_gpu.py
-for log in logs/bench-*.log; do sed "s/^/bench $(basename "$log" .log | cut -c7-): /" "$log" | grep -v '^$'; done
-exit $failed
-"#;
+/// What `run.sh` does: every check under a timeout, within a budget for the whole run.
+const RUN_SH: &str = include_str!("gpu/run.sh");
+/// The Python set-up `run.sh` runs: no venv, `pip install --target`.
+const SETUP_PYTHON_SH: &str = include_str!("gpu/setup-python.sh");
 
 /// `cargo xtask gpu`.
 pub fn command(args: &[String]) -> Result<(), String> {
-    if let Some(other) = args.first() {
-        return Err(format!("cargo xtask gpu takes no arguments, not {other:?}"));
+    match args.first().map(String::as_str) {
+        None => {}
+        Some("--self-test") => return self_test(),
+        Some(other) => {
+            return Err(format!(
+                "cargo xtask gpu takes no arguments but --self-test, not {other:?}"
+            ));
+        }
     }
-    let bundle = root().join("target/gpu-bundle");
-    let _ = std::fs::remove_dir_all(&bundle);
-    for dir in [
-        "bin",
-        "wheels/tern-default",
-        "wheels/tern-tcp-only",
-        "python/tests",
-    ] {
-        mkdir(&bundle.join(dir))?;
-    }
-    for (package, executable) in test_binaries()? {
-        let to = bundle.join("bin").join(format!("{package}-device"));
+    let bundle = fresh_bundle("target/gpu-bundle")?;
+    for (name, executable) in test_binaries()? {
+        let to = bundle.join("bin").join(name);
         std::fs::copy(&executable, &to).map_err(|e| format!("copying {executable}: {e}"))?;
         strip(&to);
     }
@@ -118,9 +66,7 @@ pub fn command(args: &[String]) -> Result<(), String> {
         bundle.join("python/bench_gpu.py"),
     )
     .map_err(|e| format!("copying bench_gpu.py: {e}"))?;
-    let run = bundle.join("run.sh");
-    std::fs::write(&run, RUN_SH).map_err(|e| format!("{}: {e}", run.display()))?;
-    executable(&run)?;
+    write_scripts(&bundle)?;
     let size = size_of(&bundle);
     if size > MAX_BUNDLE_BYTES {
         return Err(format!(
@@ -137,7 +83,7 @@ pub fn command(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// The GPU test binaries, built in release: `(package, path)`.
+/// The GPU test binaries, built in release: `(name in the bundle, path)`.
 fn test_binaries() -> Result<Vec<(String, String)>, String> {
     let mut command = cargo();
     command.args(["test", "--release", "--no-run", "--message-format=json"]);
@@ -151,8 +97,21 @@ fn test_binaries() -> Result<Vec<(String, String)>, String> {
     if !output.status.success() {
         return Err("building the GPU test binaries failed".into());
     }
-    let mut found = Vec::new();
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
+    let found = gpu_test_executables(&String::from_utf8_lossy(&output.stdout));
+    if found.len() != GPU_TESTS.len() {
+        return Err(format!(
+            "found {} of {} GPU test binaries",
+            found.len(),
+            GPU_TESTS.len()
+        ));
+    }
+    Ok(found)
+}
+
+/// The executables of [`GPU_TESTS`] in cargo's JSON messages: `(package-target, path)`.
+fn gpu_test_executables(messages: &str) -> Vec<(String, String)> {
+    let mut found: Vec<(String, String)> = Vec::new();
+    for line in messages.lines() {
         let Some(executable) = field(line, "\"executable\":\"") else {
             continue;
         };
@@ -162,19 +121,24 @@ fn test_binaries() -> Result<Vec<(String, String)>, String> {
         let target = field(line, "\"target\":{").and_then(|_| field(line, "\"name\":\""));
         if let (Some(package), Some(target)) = (package, target)
             && GPU_TESTS.iter().any(|&(p, t)| p == package && t == target)
-            && !found.iter().any(|(p, _)| *p == package)
         {
-            found.push((package, executable));
+            let name = format!("{package}-{target}");
+            if !found.iter().any(|(n, _)| *n == name) {
+                found.push((name, executable));
+            }
         }
     }
-    if found.len() != GPU_TESTS.len() {
-        return Err(format!(
-            "found {} of {} GPU test binaries",
-            found.len(),
-            GPU_TESTS.len()
-        ));
+    found
+}
+
+/// `run.sh` and the scripts it runs, executable, in `bundle`.
+fn write_scripts(bundle: &Path) -> Result<(), String> {
+    for (name, text) in [("run.sh", RUN_SH), ("setup-python.sh", SETUP_PYTHON_SH)] {
+        let path = bundle.join(name);
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        executable(&path)?;
     }
-    Ok(found)
+    Ok(())
 }
 
 /// The string value after `key` in one line of cargo's JSON.
@@ -210,6 +174,21 @@ fn download_pytest(into: &Path) -> Result<(), String> {
     }
 }
 
+/// An empty bundle folder at `path` (under the root) with the folders a bundle holds.
+fn fresh_bundle(path: &str) -> Result<std::path::PathBuf, String> {
+    let bundle = root().join(path);
+    let _ = std::fs::remove_dir_all(&bundle);
+    for dir in [
+        "bin",
+        "wheels/tern-default",
+        "wheels/tern-tcp-only",
+        "python/tests",
+    ] {
+        mkdir(&bundle.join(dir))?;
+    }
+    Ok(bundle)
+}
+
 fn mkdir(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
 }
@@ -240,4 +219,154 @@ fn size_of(dir: &Path) -> u64 {
             Err(_) => 0,
         })
         .sum()
+}
+
+/// The debug test binaries of [`GPU_TESTS`], as `cargo test` built them.
+fn debug_test_binaries() -> Result<Vec<String>, String> {
+    let mut args = Vec::new();
+    for (package, target) in GPU_TESTS {
+        args.extend(["-p", package, "--test", target].map(str::to_owned));
+    }
+    crate::test_executables(&args)
+}
+
+/// The bundle's own logic, run here against the stand-in driver before it is ever run on a
+/// GPU (`cargo xtask test`, after the wheels' suites built both wheels): `run.sh` over the
+/// debug test binaries with `TERN_CUDA_DRIVER` naming the stand-in, a check that sleeps past
+/// its timeout, and the Python set-up against a Python whose packages live in its own venv
+/// (numpy, standing in for PyTorch: a venv made from that Python would not see them).
+pub(crate) fn self_test() -> Result<(), String> {
+    let started = std::time::Instant::now();
+    let bundle = fresh_bundle("target/gpu-bundle-selftest")?;
+    let binaries = debug_test_binaries()?;
+    if binaries.len() != GPU_TESTS.len() {
+        return Err(format!(
+            "gpu bundle self-test: {} of {} test binaries built",
+            binaries.len(),
+            GPU_TESTS.len()
+        ));
+    }
+    for (i, binary) in binaries.iter().enumerate() {
+        let name = Path::new(binary)
+            .file_name()
+            .map_or_else(|| format!("test-{i}"), |n| n.to_string_lossy().into_owned());
+        std::os::unix::fs::symlink(binary, bundle.join("bin").join(format!("{i}-{name}")))
+            .map_err(|e| format!("linking {binary}: {e}"))?;
+    }
+    for (variant, dir) in [
+        (Variant::Default, "wheels/tern-default"),
+        (Variant::TcpOnly, "wheels/tern-tcp-only"),
+    ] {
+        let built = std::fs::read_dir(variant.out_dir())
+            .map_err(|e| format!("{}: {e}", variant.out_dir().display()))?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "whl"))
+            .ok_or("gpu bundle self-test: build the wheels first (cargo xtask wheel)")?;
+        let name = built.file_name().ok_or("a wheel without a name")?;
+        std::fs::copy(&built, bundle.join(dir).join(name))
+            .map_err(|e| format!("copying {}: {e}", built.display()))?;
+    }
+    download_pytest(&bundle.join("wheels"))?;
+    for (from, to) in [
+        (
+            "python/tests/test_torch_cuda.py",
+            "python/tests/test_torch_cuda.py",
+        ),
+        ("python/bench/bench_gpu.py", "python/bench_gpu.py"),
+    ] {
+        std::fs::copy(root().join(from), bundle.join(to)).map_err(|e| format!("{from}: {e}"))?;
+    }
+    write_scripts(&bundle)?;
+    let python = wheel::venv(
+        &root().join("target/python/venv-gpu-selftest"),
+        &[wheel::NUMPY],
+    )?;
+    let standin = root()
+        .join("target/debug")
+        .join(tern_testkit::cuda::STANDIN_FILE);
+    let budget = 240;
+    let output = Command::new("sh")
+        .arg(bundle.join("run.sh"))
+        .env("TERN_BUNDLE_STANDIN", &standin)
+        .env("TERN_BUNDLE_SELFTEST", "1")
+        .env("TERN_BUNDLE_BUDGET", budget.to_string())
+        .env("PYTHON", &python)
+        .env_remove("TERN_CUDA_DRIVER")
+        .env_remove("PYTHONPATH")
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running the bundle's run.sh: {e}"))?;
+    let said = String::from_utf8_lossy(&output.stdout).into_owned();
+    eprint!("{said}");
+    let summary = std::fs::read_to_string(bundle.join("logs/summary.txt")).unwrap_or_default();
+    let problems = self_test_problems(&said, &summary, output.status.code(), &bundle);
+    let took = started.elapsed();
+    if took.as_secs() > budget + 60 {
+        return Err(format!(
+            "gpu bundle self-test took {took:?}, over its budget"
+        ));
+    }
+    if problems.is_empty() {
+        eprintln!("xtask: the GPU bundle's run.sh works on the stand-in ({took:.0?})");
+        Ok(())
+    } else {
+        Err(format!(
+            "gpu bundle self-test:\n  {}",
+            problems.join("\n  ")
+        ))
+    }
+}
+
+/// What is wrong with a self-test run of `run.sh` that printed `said` (and wrote `summary`)
+/// and exited with `code`.
+fn self_test_problems(said: &str, summary: &str, code: Option<i32>, bundle: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut expect = |ok: bool, what: &str| {
+        if !ok {
+            problems.push(what.to_owned());
+        }
+    };
+    let has = |prefix: &str| said.lines().any(|l| l.starts_with(prefix));
+    expect(
+        has("FAIL  selftest-sleep (timeout after 2 s)"),
+        "a check past its timeout is not reported as such",
+    );
+    expect(
+        has("ok    selftest-after"),
+        "the check after a timeout did not run",
+    );
+    expect(
+        said.lines()
+            .any(|l| l.starts_with("cuda  ") && l.contains(tern_testkit::cuda::STANDIN_FILE)),
+        "the header does not name the driver loaded",
+    );
+    for header in ["gpu   ", "glibc ", "python ", "torch ", "numpy 2"] {
+        expect(has(header), &format!("no {header:?} line in the header"));
+    }
+    expect(
+        has("ok    python-setup"),
+        "the Python set-up failed (logs/python-setup.log)",
+    );
+    let rust: Vec<&str> = said.lines().filter(|l| l.contains(" rust-")).collect();
+    expect(
+        rust.len() == GPU_TESTS.len() && rust.iter().all(|l| l.starts_with("ok    ")),
+        &format!("the Rust checks on the stand-in: {rust:?}"),
+    );
+    expect(has("done  in "), "the run did not say it was done");
+    expect(
+        summary.lines().count() >= said.lines().filter(|l| l.starts_with("ok ")).count(),
+        "logs/summary.txt lacks the checks' lines",
+    );
+    for check in ["selftest-sleep", "selftest-after", "python-setup"] {
+        expect(
+            bundle.join(format!("logs/{check}.log")).exists(),
+            &format!("no logs/{check}.log"),
+        );
+    }
+    expect(
+        code == Some(1),
+        &format!("exit status {code:?}, not 1 (the planted timeout fails the run)"),
+    );
+    problems
 }

@@ -166,7 +166,8 @@ fn main() -> ExitCode {
         Some("gpu") => gpu::command(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   the headline tables in minutes: TCP and same-host beside their baselines, KV-shaped pages, Python\n          [--full (everything: the RDMA guest, etcd, criterion...)] [--duration SECS] [--quick]\n          [--tcp-only] [--shm-only] [--pages-only] [--python-only] [--rdma-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked\n  soak --minutes N [--processes K] [--rdma] [--release]  random verified transfers, K processes; fails on errors or growth\n  memcheck  the TCP transfer tests under valgrind memcheck\n  wheel [--tcp-only]  build the tern Python wheel into target/wheels/ (maturin in a venv under target/)\n  gpu     build the GPU bundle target/gpu-bundle/ (tests, wheels, run.sh) for a machine with an NVIDIA GPU\n  fuzz [--seconds N] [--target NAME] [--stable]  every fuzz target for N s (default 60); fails on a crash"
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   the headline tables in minutes: TCP and same-host beside their baselines, KV-shaped pages, Python\n          [--full (everything: the RDMA guest, etcd, criterion...)] [--duration SECS] [--quick]\n          [--tcp-only] [--shm-only] [--pages-only] [--python-only] [--rdma-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked\n  soak --minutes N [--processes K] [--rdma] [--release]  random verified transfers, K processes; fails on errors or growth\n  memcheck  the TCP transfer tests under valgrind memcheck\n  wheel [--tcp-only]  build the tern Python wheel into target/wheels/ (maturin in a venv under target/)\n  gpu     build the GPU bundle target/gpu-bundle/ (tests, wheels, run.sh) for a machine with an NVIDIA GPU
+          [--self-test (run its run.sh here against the stand-in driver, as cargo xtask test does)]\n  fuzz [--seconds N] [--target NAME] [--stable]  every fuzz target for N s (default 60); fails on a crash"
             );
             return ExitCode::from(2);
         }
@@ -328,6 +329,8 @@ fn test(extra: &[String]) -> Result<(), String> {
     let outcome = outcome.and_then(|()| wheel::test_suites(&etcd.endpoint));
     drop(etcd);
     outcome?;
+    // The GPU bundle's run.sh, on the stand-in, before any GPU sees it.
+    gpu::self_test()?;
     fuzz::smoke()?; // every fuzz target for a few seconds
     memcheck::command(&[])?; // ~3 min
     soak::command(&["--minutes".into(), "1".into()])?; // 1 min over TCP

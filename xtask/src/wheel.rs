@@ -10,7 +10,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use crate::{ROUNDS, cargo, median, root, run};
 
 const MATURIN: &str = "maturin==1.16.0";
-const NUMPY: &str = "numpy==2.4.6";
+pub(crate) const NUMPY: &str = "numpy==2.4.6";
 const TEST_PACKAGES: [&str; 2] = ["pytest==9.2.0", NUMPY];
 
 /// Which wheel.
@@ -48,7 +48,7 @@ fn python_dir() -> PathBuf {
 }
 
 /// A venv at `dir` with `packages` (created if missing).
-fn venv(dir: &Path, packages: &[&str]) -> Result<PathBuf, String> {
+pub(crate) fn venv(dir: &Path, packages: &[&str]) -> Result<PathBuf, String> {
     let python = dir.join("bin/python");
     if !python.exists() {
         let mut make = Command::new("python3");

@@ -1,5 +1,12 @@
 //! Synchronous copies, moved through the device memory's readable mappings piece by piece,
 //! and the bytes they moved each way.
+//!
+//! A synchronous copy is an operation of the legacy default stream, as on a GPU (Driver API,
+//! "API synchronization behavior"): it runs after the work queued there (and, by the legacy
+//! stream's synchronization, on blocking streams) before it. A copy to host memory returns
+//! once its bytes have landed; one from pageable host memory to the device returns once the
+//! source is taken, and its bytes land a moment later (the DMA the call does not wait for);
+//! one from pinned memory to the device returns once done; device to device is asynchronous.
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,6 +14,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::codes::{ERROR_INVALID_CONTEXT, ERROR_INVALID_VALUE, SUCCESS};
 use crate::context::current_device;
 use crate::state::{State, with_state};
+use crate::stream::{Op, on_legacy_stream};
+
+/// How long after a synchronous copy from pageable host memory returns its bytes land in
+/// device memory: long enough that a reader not ordered after it sees the old bytes.
+const PAGEABLE_DMA_LAG: std::time::Duration = std::time::Duration::from_millis(30);
 
 pub(crate) static TO_DEVICE: AtomicU64 = AtomicU64::new(0);
 pub(crate) static TO_HOST: AtomicU64 = AtomicU64::new(0);
@@ -98,22 +110,73 @@ pub(crate) fn is_device(state: &State, addr: u64) -> bool {
         .is_some_and(|(&base, a)| at < base + a.len)
 }
 
+/// A synchronous copy of `len` bytes, on the legacy stream.
+fn legacy_copy(
+    (dst, dst_device): (u64, Option<bool>),
+    (src, src_device): (u64, Option<bool>),
+    len: usize,
+) -> c_int {
+    let Some(ordinal) = current_device() else {
+        return ERROR_INVALID_CONTEXT;
+    };
+    let kinds = with_state(|s| {
+        let valid =
+            span(s, dst, len, dst_device).is_some() && span(s, src, len, src_device).is_some();
+        valid.then(|| {
+            let to_device = dst_device.unwrap_or_else(|| is_device(s, dst));
+            let from_device = src_device.unwrap_or_else(|| is_device(s, src));
+            let pinned_source = s
+                .host
+                .range(..=(src as usize))
+                .next_back()
+                .is_some_and(|(&base, &size)| (src as usize) < base + size);
+            (to_device, from_device, pinned_source)
+        })
+    });
+    let Some((to_device, from_device, pinned_source)) = kinds else {
+        return ERROR_INVALID_VALUE;
+    };
+    if to_device && !from_device && !pinned_source {
+        // SAFETY: the caller's contract for the call: `src` is valid for `len` reads until
+        // the call returns, which is when it is taken here.
+        let bytes = unsafe { std::slice::from_raw_parts(src as *const u8, len) }.to_vec();
+        return on_legacy_stream(
+            Op::CopyOwned {
+                dst,
+                bytes,
+                ordinal,
+                after: PAGEABLE_DMA_LAG,
+            },
+            false,
+        );
+    }
+    let op = Op::Copy {
+        dst,
+        dst_device: Some(to_device),
+        src,
+        src_device: Some(from_device),
+        len,
+        ordinal,
+    };
+    on_legacy_stream(op, !(to_device && from_device))
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, len: usize) -> c_int {
-    copy_between(dst as u64, Some(false), src, Some(true), len)
+    legacy_copy((dst as u64, Some(false)), (src, Some(true)), len)
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: u64, src: *const c_void, len: usize) -> c_int {
-    copy_between(dst, Some(true), src as u64, Some(false), len)
+    legacy_copy((dst, Some(true)), (src as u64, Some(false)), len)
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: u64, src: u64, len: usize) -> c_int {
-    copy_between(dst, Some(true), src, Some(true), len)
+    legacy_copy((dst, Some(true)), (src, Some(true)), len)
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemcpy(dst: u64, src: u64, len: usize) -> c_int {
-    copy_between(dst, None, src, None, len)
+    legacy_copy((dst, None), (src, None), len)
 }

@@ -82,3 +82,45 @@ pub unsafe extern "C" fn cuDeviceGetByPCIBusId(device: *mut c_int, id: *const c_
         _ => ERROR_INVALID_DEVICE,
     }
 }
+
+/// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
+pub(crate) const ATTRIBUTE_GDR_WITH_VMM: c_int = 110;
+/// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`.
+pub(crate) const ATTRIBUTE_DMA_BUF_SUPPORTED: c_int = 124;
+/// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`.
+pub(crate) const ATTRIBUTE_FABRIC_SUPPORTED: c_int = 128;
+
+/// Whether the stand-in's devices say they export dma-bufs (`TERN_STANDIN_DMA_BUF=1`; off by
+/// default, as on a GPU without the kernel's support).
+pub(crate) fn dma_buf_supported() -> bool {
+    std::env::var("TERN_STANDIN_DMA_BUF").is_ok_and(|v| v == "1")
+}
+
+/// Whether the stand-in models a node with IMEX channels, where VMM memory is exported as
+/// fabric handles (`TERN_STANDIN_IMEX=1`).
+pub(crate) fn imex() -> bool {
+    std::env::var("TERN_STANDIN_IMEX").is_ok_and(|v| v == "1")
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    value: *mut c_int,
+    attribute: c_int,
+    device: c_int,
+) -> c_int {
+    if device < 0 || device as usize >= devices() {
+        return ERROR_INVALID_DEVICE;
+    }
+    if value.is_null() {
+        return ERROR_INVALID_VALUE;
+    }
+    let answer = match attribute {
+        ATTRIBUTE_GDR_WITH_VMM => 1,
+        ATTRIBUTE_DMA_BUF_SUPPORTED => c_int::from(dma_buf_supported()),
+        ATTRIBUTE_FABRIC_SUPPORTED => c_int::from(imex()),
+        _ => return ERROR_INVALID_VALUE,
+    };
+    // SAFETY: the caller passes a valid int pointer.
+    unsafe { value.write(answer) };
+    SUCCESS
+}

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::codes::{ERROR_INVALID_CONTEXT, ERROR_INVALID_VALUE, ERROR_NOT_READY, SUCCESS};
 use crate::context::current_device;
 use crate::state::{HANDLES, handles};
-use crate::stream::{Op, queue_of};
+use crate::stream::{Op, push_ordered, queue_of};
 
 #[derive(Default)]
 pub(crate) struct EventState {
@@ -37,7 +37,7 @@ pub unsafe extern "C" fn cuEventRecord(event: *mut c_void, stream: *mut c_void) 
         return ERROR_INVALID_VALUE;
     };
     let generation = state.recorded.fetch_add(1, Ordering::AcqRel) + 1;
-    queue.push(Op::Record(state, generation));
+    push_ordered(&queue, Op::Record(state, generation));
     SUCCESS
 }
 

@@ -10,11 +10,18 @@
 //!
 //! It implements the entry points `tern-cuda` resolves, with the Driver API's signatures and
 //! error codes, plus `ternStandin*` counters for tests: contexts retained per device, bytes
-//! copied each way. Each stream (the null stream too) runs its operations in order on a
-//! thread of its own, asynchronously to the caller as a device does: copies, event records,
-//! and waits on a word of mapped host memory (`cuStreamWaitValue32`), so a caller that reads
-//! a buffer before the event after its copy has completed reads stale bytes, here as on a GPU.
-//! The number of devices comes from `TERN_STANDIN_DEVICES` (default 2).
+//! copied each way, a "kernel" left on a stream (`ternStandinFill`). Each stream (the null
+//! stream too) runs its operations in order on a thread of its own, asynchronously to the
+//! caller as a device does: copies, event records, waits on an event (`cuStreamWaitEvent`) or
+//! on a word of mapped host memory (`cuStreamWaitValue32`), so a caller that reads a buffer
+//! before the event after its copy has completed reads stale bytes, here as on a GPU. The
+//! legacy stream and blocking streams synchronize as the Driver API says, non-blocking ones
+//! run unordered with them; synchronous copies are legacy-stream work, and one from pageable
+//! memory to the device lands a moment after it returns (`stream`, `copy`). The number of
+//! devices comes from `TERN_STANDIN_DEVICES` (default 2); `TERN_STANDIN_DMA_BUF=1` makes them
+//! export dma-bufs, `TERN_STANDIN_IMEX=1` VMM chunks as fabric handles only,
+//! `TERN_STANDIN_NO_MAPPING_ATTRS=1` refuses the pointer attributes of VMM mappings, and
+//! `TERN_STANDIN_UNSHAREABLE=1` makes VMM chunks no other process can map.
 //!
 //! Sharing between processes works as the driver's does, on the same memfds: an IPC handle
 //! names the owner's process and its memfd (opened in the peer through `/proc/<pid>/fd`, so

@@ -13,8 +13,16 @@ pub(crate) const ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
 pub(crate) const ATTRIBUTE_IS_LEGACY_IPC_CAPABLE: c_int = 10;
 pub(crate) const ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 pub(crate) const ATTRIBUTE_RANGE_SIZE: c_int = 12;
+pub(crate) const ATTRIBUTE_ALLOWED_HANDLE_TYPES: c_int = 14;
+pub(crate) const ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: c_int = 15;
 pub(crate) const ATTRIBUTE_MAPPING_SIZE: c_int = 18;
 pub(crate) const ATTRIBUTE_MAPPING_BASE_ADDR: c_int = 19;
+
+/// Whether the mapping attributes (which `cuPointerGetAttribute`'s reference does not list)
+/// are refused, as a driver may (`TERN_STANDIN_NO_MAPPING_ATTRS=1`).
+fn mapping_attributes_refused() -> bool {
+    std::env::var("TERN_STANDIN_NO_MAPPING_ATTRS").is_ok_and(|v| v == "1")
+}
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuPointerGetAttribute(
@@ -28,6 +36,8 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
             len: usize,
             ordinal: usize,
             legacy: bool,
+            handle_types: u64,
+            gpu_direct: bool,
         },
         Host,
     }
@@ -41,6 +51,14 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 len: allocation.len,
                 ordinal: allocation.ordinal,
                 legacy: matches!(allocation.origin, Origin::Alloc(_)),
+                handle_types: match &allocation.origin {
+                    Origin::Mapped(physical) => physical.handle_types as u64,
+                    _ => 0,
+                },
+                gpu_direct: match &allocation.origin {
+                    Origin::Mapped(physical) => physical.gpu_direct,
+                    _ => true,
+                },
             });
         }
         let (&base, &len) = s.host.range(..=addr).next_back()?;
@@ -62,11 +80,22 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
         (ATTRIBUTE_IS_LEGACY_IPC_CAPABLE, Found::Device { legacy, .. }) => {
             Value::Int(c_int::from(legacy))
         }
+        (ATTRIBUTE_MAPPING_BASE_ADDR | ATTRIBUTE_MAPPING_SIZE, _)
+            if mapping_attributes_refused() =>
+        {
+            return ERROR_INVALID_VALUE;
+        }
         (ATTRIBUTE_RANGE_START_ADDR | ATTRIBUTE_MAPPING_BASE_ADDR, Found::Device { base, .. }) => {
             Value::Wide(base as u64)
         }
         (ATTRIBUTE_RANGE_SIZE | ATTRIBUTE_MAPPING_SIZE, Found::Device { len, .. }) => {
             Value::Wide(len as u64)
+        }
+        (ATTRIBUTE_ALLOWED_HANDLE_TYPES, Found::Device { handle_types, .. }) => {
+            Value::Wide(handle_types)
+        }
+        (ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE, Found::Device { gpu_direct, .. }) => {
+            Value::Int(c_int::from(gpu_direct))
         }
         _ => return ERROR_INVALID_VALUE,
     };

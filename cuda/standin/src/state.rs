@@ -39,6 +39,8 @@ pub(crate) struct Physical {
     pub(crate) handle_types: c_int,
     /// Imported from another process's descriptor.
     pub(crate) imported: bool,
+    /// Made with `gpuDirectRDMACapable` set in its allocation flags.
+    pub(crate) gpu_direct: bool,
 }
 
 #[derive(Default)]

@@ -1,5 +1,15 @@
 //! Streams: each runs its operations (copies, event records, waits on a word of host
-//! memory) in order on a thread of its own, asynchronously to the caller, as a device does.
+//! memory or on an event, test "kernels") in order on a thread of its own, asynchronously to
+//! the caller, as a device does.
+//!
+//! The legacy default stream (the null stream) and blocking streams synchronize as the
+//! Driver API's "Stream synchronization behavior" says: an operation on the legacy stream
+//! waits for the work enqueued before it on every blocking stream, and an operation on a
+//! blocking stream waits for the work enqueued before it on the legacy stream; a
+//! non-blocking stream (`CU_STREAM_NON_BLOCKING`) runs unordered with both unless an event
+//! orders it (`cuStreamWaitEvent`). Synchronous copies are legacy-stream operations: they
+//! wait behind its work, and a copy from pageable host memory to the device returns once the
+//! source is taken, before the bytes land ([`crate::copy`]).
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
@@ -30,6 +40,20 @@ pub(crate) enum Op {
         value: u32,
     },
     Record(Arc<EventState>, u64),
+    /// `cuStreamWaitEvent`: until the event's record `generation` has completed.
+    WaitEvent {
+        event: Arc<EventState>,
+        generation: u64,
+    },
+    /// Bytes taken when it was enqueued, landing in device memory `after` it runs: a copy
+    /// from pageable host memory (the DMA a synchronous copy does not wait for), or a test's
+    /// "kernel" that fills memory.
+    CopyOwned {
+        dst: u64,
+        bytes: Vec<u8>,
+        ordinal: usize,
+        after: std::time::Duration,
+    },
 }
 
 /// A stream: operations run in order on a thread of its own, asynchronously to the caller,
@@ -38,6 +62,8 @@ pub(crate) enum Op {
 pub(crate) struct StreamQueue {
     pub(crate) state: Mutex<QueueState>,
     pub(crate) changed: Condvar,
+    /// Made without `CU_STREAM_NON_BLOCKING`: synchronizes with the legacy stream.
+    pub(crate) blocking: bool,
 }
 
 #[derive(Default)]
@@ -55,11 +81,7 @@ pub(crate) static NULL_STREAM: std::sync::OnceLock<Arc<StreamQueue>> = std::sync
 
 pub(crate) fn queue_of(stream: *mut c_void) -> Option<Arc<StreamQueue>> {
     if stream.is_null() {
-        return Some(
-            NULL_STREAM
-                .get_or_init(|| StreamQueue::start(usize::MAX))
-                .clone(),
-        );
+        return Some(null_queue());
     }
     handles()
         .streams
@@ -67,9 +89,71 @@ pub(crate) fn queue_of(stream: *mut c_void) -> Option<Arc<StreamQueue>> {
         .map(|(q, _)| q.clone())
 }
 
+/// The null stream's queue.
+fn null_queue() -> Arc<StreamQueue> {
+    NULL_STREAM
+        .get_or_init(|| StreamQueue::start(usize::MAX, false))
+        .clone()
+}
+
+/// Whether `queue` is the legacy default stream's.
+fn is_null(queue: &Arc<StreamQueue>) -> bool {
+    NULL_STREAM
+        .get()
+        .is_some_and(|null| Arc::ptr_eq(null, queue))
+}
+
+/// Records a fresh event on `queue` after what it holds; the event and its generation.
+fn record_here(queue: &StreamQueue) -> (Arc<EventState>, u64) {
+    let event = Arc::new(EventState::default());
+    let generation = event.recorded.fetch_add(1, Ordering::AcqRel) + 1;
+    queue.push(Op::Record(event.clone(), generation));
+    (event, generation)
+}
+
+/// Enqueues `op` on `queue` with the legacy stream's implicit synchronization: on the legacy
+/// stream it waits for every blocking stream's work so far, on a blocking stream for the
+/// legacy stream's; a non-blocking stream takes it as it is.
+pub(crate) fn push_ordered(queue: &Arc<StreamQueue>, op: Op) {
+    if is_null(queue) {
+        let blocking: Vec<Arc<StreamQueue>> = handles()
+            .streams
+            .values()
+            .filter(|(q, _)| q.blocking)
+            .map(|(q, _)| q.clone())
+            .collect();
+        for other in blocking {
+            let (event, generation) = record_here(&other);
+            queue.push(Op::WaitEvent { event, generation });
+        }
+    } else if queue.blocking {
+        let (event, generation) = record_here(&null_queue());
+        queue.push(Op::WaitEvent { event, generation });
+    }
+    queue.push(op);
+}
+
+/// Enqueues `op` on the legacy stream (ordered as [`push_ordered`] says) and, with `wait`,
+/// returns once it has run: a synchronous call's operation.
+pub(crate) fn on_legacy_stream(op: Op, wait: bool) -> c_int {
+    let queue = null_queue();
+    push_ordered(&queue, op);
+    if !wait {
+        return SUCCESS;
+    }
+    let (event, generation) = record_here(&queue);
+    while event.completed.load(Ordering::Acquire) < generation {
+        std::thread::sleep(std::time::Duration::from_micros(20));
+    }
+    queue.state.lock().failed.take().unwrap_or(SUCCESS)
+}
+
 impl StreamQueue {
-    fn start(ordinal: usize) -> Arc<Self> {
-        let queue = Arc::new(Self::default());
+    fn start(ordinal: usize, blocking: bool) -> Arc<Self> {
+        let queue = Arc::new(Self {
+            blocking,
+            ..Self::default()
+        });
         let running = queue.clone();
         std::thread::spawn(move || running.run(ordinal));
         queue
@@ -124,6 +208,30 @@ impl StreamQueue {
                     event.completed.fetch_max(generation, Ordering::AcqRel);
                     SUCCESS
                 }
+                Op::WaitEvent { event, generation } => {
+                    while event.completed.load(Ordering::Acquire) < generation {
+                        std::thread::sleep(std::time::Duration::from_micros(20));
+                    }
+                    SUCCESS
+                }
+                Op::CopyOwned {
+                    dst,
+                    bytes,
+                    ordinal,
+                    after,
+                } => {
+                    std::thread::sleep(after);
+                    CONTEXTS.with(|c| c.borrow_mut().push(ordinal));
+                    let code = copy_between(
+                        dst,
+                        Some(true),
+                        bytes.as_ptr() as u64,
+                        Some(false),
+                        bytes.len(),
+                    );
+                    CONTEXTS.with(|c| c.borrow_mut().pop());
+                    code
+                }
             };
             let mut state = self.state.lock();
             state.busy = false;
@@ -163,14 +271,17 @@ pub(crate) fn enqueue_copy(
     let Some(queue) = queue_of(stream) else {
         return ERROR_INVALID_VALUE;
     };
-    queue.push(Op::Copy {
-        dst,
-        dst_device,
-        src,
-        src_device,
-        len,
-        ordinal,
-    });
+    push_ordered(
+        &queue,
+        Op::Copy {
+            dst,
+            dst_device,
+            src,
+            src_device,
+            len,
+            ordinal,
+        },
+    );
     SUCCESS
 }
 
@@ -204,15 +315,19 @@ pub unsafe extern "C" fn cuMemcpyAsync(
     enqueue_copy(stream, (dst, None), (src, None), len)
 }
 
+/// `CU_STREAM_NON_BLOCKING`.
+const STREAM_NON_BLOCKING: c_uint = 1;
+
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, _flags: c_uint) -> c_int {
+pub unsafe extern "C" fn cuStreamCreate(stream: *mut *mut c_void, flags: c_uint) -> c_int {
     let Some(ordinal) = current_device() else {
         return ERROR_INVALID_CONTEXT;
     };
     let handle = HANDLES.fetch_add(1, Ordering::Relaxed) as usize;
+    let blocking = flags & STREAM_NON_BLOCKING == 0;
     handles()
         .streams
-        .insert(handle, (StreamQueue::start(ordinal), ordinal));
+        .insert(handle, (StreamQueue::start(ordinal, blocking), ordinal));
     // SAFETY: the caller passes a valid handle pointer.
     unsafe { stream.write(handle as *mut c_void) };
     SUCCESS
@@ -224,7 +339,61 @@ pub unsafe extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> c_int {
         return ERROR_INVALID_CONTEXT;
     }
     match queue_of(stream) {
+        // The legacy stream's synchronize waits for the blocking streams' work before it too.
+        Some(queue) if is_null(&queue) => on_legacy_stream(Op::Record(Arc::default(), 0), true),
         Some(queue) => queue.drain(),
+        None => ERROR_INVALID_VALUE,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitEvent(
+    stream: *mut c_void,
+    event: *mut c_void,
+    flags: c_uint,
+) -> c_int {
+    if flags != 0 {
+        return ERROR_INVALID_VALUE;
+    }
+    let (Some(queue), Some(event)) = (queue_of(stream), crate::event::event_of(event)) else {
+        return ERROR_INVALID_VALUE;
+    };
+    // The wait is for the event's most recent record; an event never recorded is no wait.
+    let generation = event.recorded.load(Ordering::Acquire);
+    if generation > 0 {
+        push_ordered(&queue, Op::WaitEvent { event, generation });
+    }
+    SUCCESS
+}
+
+/// For tests: enqueues a "kernel" on `stream` (0: the legacy stream) that fills `len` bytes
+/// of device memory at `dst` with `value`, ordered as any operation on that stream.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ternStandinFill(
+    stream: *mut c_void,
+    dst: u64,
+    value: u8,
+    len: usize,
+) -> c_int {
+    let Some(ordinal) = current_device() else {
+        return ERROR_INVALID_CONTEXT;
+    };
+    if !with_state(|s| span(s, dst, len, Some(true)).is_some()) {
+        return ERROR_INVALID_VALUE;
+    }
+    match queue_of(stream) {
+        Some(queue) => {
+            push_ordered(
+                &queue,
+                Op::CopyOwned {
+                    dst,
+                    bytes: vec![value; len],
+                    ordinal,
+                    after: std::time::Duration::ZERO,
+                },
+            );
+            SUCCESS
+        }
         None => ERROR_INVALID_VALUE,
     }
 }
@@ -273,10 +442,13 @@ pub unsafe extern "C" fn cuStreamWaitValue32_v2(
     }
     match queue_of(stream) {
         Some(queue) => {
-            queue.push(Op::WaitValue {
-                addr: addr as usize,
-                value,
-            });
+            push_ordered(
+                &queue,
+                Op::WaitValue {
+                    addr: addr as usize,
+                    value,
+                },
+            );
             SUCCESS
         }
         None => ERROR_INVALID_VALUE,

@@ -11,6 +11,10 @@ use crate::state::{Allocation, HANDLES, Origin, Physical, devices, with_state};
 
 /// What the stand-in's VMM granularity is (the real one is 2 MiB on current GPUs).
 pub(crate) const GRANULARITY: usize = 2 << 20;
+/// `CU_MEM_HANDLE_TYPE_FABRIC`.
+pub(crate) const HANDLE_TYPE_FABRIC: c_int = 8;
+/// `CUDA_ERROR_NOT_PERMITTED`.
+const ERROR_NOT_PERMITTED: c_int = 800;
 
 #[repr(C)]
 pub struct MemLocation {
@@ -66,16 +70,29 @@ pub unsafe extern "C" fn cuMemCreate(
     if len == 0 || !len.is_multiple_of(GRANULARITY) {
         return ERROR_INVALID_VALUE;
     }
+    let fabric = prop.requested_handle_types & HANDLE_TYPE_FABRIC != 0;
+    if fabric && !crate::device::imex() {
+        // Fabric handles need IMEX channels (as cuMemCreate refuses without them).
+        return ERROR_NOT_PERMITTED;
+    }
     let name = std::ffi::CString::new(format!("tern-standin-vmm-{ordinal}")).unwrap_or_default();
     let Some(fd) = new_memfd(&name, len) else {
         return ERROR_OUT_OF_MEMORY;
     };
+    // A chunk no other process can map, for tests of what a peer is told then
+    // (`TERN_STANDIN_UNSHAREABLE=1`).
+    let unshareable = std::env::var("TERN_STANDIN_UNSHAREABLE").is_ok_and(|v| v == "1");
     let made = insert_handle(Arc::new(Physical {
         fd,
         len,
         ordinal,
-        handle_types: prop.requested_handle_types,
+        handle_types: if unshareable {
+            0
+        } else {
+            prop.requested_handle_types
+        },
         imported: false,
+        gpu_direct: prop.flags[1] != 0,
     }));
     // SAFETY: the caller passes a valid handle pointer.
     unsafe { handle.write(made) };

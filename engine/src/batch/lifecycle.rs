@@ -71,6 +71,10 @@ pub(crate) struct BatchInner {
     /// Where the task table goes when the batch goes, and the parts of its merged runs when
     /// they do, for the batches to come (large batches only).
     pub(crate) kept: Option<Arc<KeptRoom>>,
+    /// Whether the batch is a call's on a caller's CUDA stream, started once the work before
+    /// it there was done: its device copies need (and must take) no fence on the device's
+    /// legacy stream (`tern_cuda::DeviceOrder`).
+    pub(crate) stream_ordered: AtomicBool,
 }
 
 impl BatchInner {
@@ -130,6 +134,7 @@ impl BatchInner {
             last_cut_ns: AtomicU64::new(0),
             engine,
             kept,
+            stream_ordered: AtomicBool::new(false),
         }
     }
 

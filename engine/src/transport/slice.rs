@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use tern_memreg::{Pinned, RegionPin};
+use tern_memreg::{DeviceOrder, Pinned, RegionPin};
 
 use super::run::{Run, part_holding};
 use super::segment::PeerSegment;
@@ -114,6 +114,22 @@ impl Slice {
     /// lives.
     pub fn local(&self) -> &RegionPin {
         &self.submission().local
+    }
+
+    /// What the slice's device copies must come after: the device's earlier work, unless
+    /// its batch is a call on the caller's CUDA stream, which ordered it already (see
+    /// [`DeviceOrder`]).
+    pub fn device_order(&self) -> DeviceOrder {
+        if self
+            .submission()
+            .batch
+            .stream_ordered
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            DeviceOrder::CallerOrdered
+        } else {
+            DeviceOrder::AfterPriorWork
+        }
     }
 
     /// The other side.

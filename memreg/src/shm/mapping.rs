@@ -81,7 +81,8 @@ impl SharedMapping {
 
     /// Copies `len` bytes between `[offset, offset + len)` of the mapping and `[addr, addr +
     /// len)` of a pinned region of device memory (`to_mapping`: from the device), with the
-    /// GPU's copy engine; both ranges are checked first.
+    /// GPU's copy engine, after what `order` asks of the device's earlier work; both ranges
+    /// are checked first.
     pub fn copy_with_device(
         &self,
         offset: usize,
@@ -89,6 +90,7 @@ impl SharedMapping {
         addr: usize,
         len: usize,
         to_mapping: bool,
+        order: tern_cuda::DeviceOrder,
     ) -> Result<(), MemoryError> {
         let mapped = self.at(offset, len)? as u64;
         let range = pin
@@ -103,7 +105,7 @@ impl SharedMapping {
         // `&self` keeps it mapped); the device range lies in the pinned device region
         // (checked), which stays allocated while pinned. What else writes either meanwhile is
         // the caller's to order, as for every transfer.
-        unsafe { range.device.copy_any(dst, src, len) }
+        unsafe { range.device.copy_any(dst, src, len, order) }
             .map_err(|reason| MemoryError::Device { addr, reason })
     }
 

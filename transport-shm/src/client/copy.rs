@@ -44,6 +44,7 @@ impl Link {
                     slice.local_addr + at,
                     piece,
                     slice.opcode() == Opcode::Write,
+                    slice.device_order(),
                 )
             } else {
                 slice
@@ -100,14 +101,20 @@ pub(crate) fn copy_in_registry(registry: &MemoryRegistry, slice: Slice, moved: i
     let addr = slice.remote_addr as usize;
     let copied = if pin.is_device() || slice.local().is_device() {
         match slice.opcode() {
-            Opcode::Write => {
-                slice
-                    .local()
-                    .copy_to_with_device(slice.local_addr, &pin, addr, slice.len)
-            }
-            Opcode::Read => {
-                pin.copy_to_with_device(addr, slice.local(), slice.local_addr, slice.len)
-            }
+            Opcode::Write => slice.local().copy_to_with_device(
+                slice.local_addr,
+                &pin,
+                addr,
+                slice.len,
+                slice.device_order(),
+            ),
+            Opcode::Read => pin.copy_to_with_device(
+                addr,
+                slice.local(),
+                slice.local_addr,
+                slice.len,
+                slice.device_order(),
+            ),
         }
         .map_err(|e| e.to_string())
     } else {

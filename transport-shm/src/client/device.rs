@@ -12,7 +12,8 @@ use super::Link;
 use super::copy::COPY_PIECE;
 use super::request::{Refusal, Reply, Way};
 use crate::declines::DEVICE_UNMAPPED;
-use crate::wire::DeviceChunk;
+use crate::wire::{ChunkHandle, DeviceChunk};
+use tern_cuda::PeerHandle;
 
 /// A chunk of a peer's device buffer, mapped into this process.
 #[derive(Debug)]
@@ -38,6 +39,13 @@ impl DeviceMapped {
     }
 }
 
+/// What a chunk of a peer's device buffer came with.
+enum Shared {
+    Ipc([u8; tern_cuda::IPC_HANDLE_LEN]),
+    Fd(OwnedFd),
+    Fabric([u8; tern_cuda::FABRIC_HANDLE_LEN]),
+}
+
 impl Link {
     /// Maps the chunks of the peer's device buffer `addr..addr + len` that this link does
     /// not hold yet, each with the IPC handle or descriptor it came with. A chunk that does
@@ -55,10 +63,11 @@ impl Link {
         let mut fresh = Vec::new();
         let mut failure = None;
         for chunk in chunks {
-            let shared = match chunk.ipc {
-                Some(handle) => Ok(handle),
-                None => match fds.next() {
-                    Some(fd) => Err(fd),
+            let shared = match chunk.handle {
+                ChunkHandle::Ipc(handle) => Shared::Ipc(handle),
+                ChunkHandle::Fabric(handle) => Shared::Fabric(handle),
+                ChunkHandle::Descriptor => match fds.next() {
+                    Some(fd) => Shared::Fd(fd),
                     None => {
                         return Reply::Refused(
                             "the peer sent a device chunk without its descriptor".into(),
@@ -70,8 +79,9 @@ impl Link {
                 continue;
             }
             let mapped = tern_cuda::Device::by_bus_id(bus_id).and_then(|device| match &shared {
-                Ok(handle) => device.open_ipc(handle, chunk.len),
-                Err(fd) => device.map_shared(fd, chunk.len),
+                Shared::Ipc(handle) => device.open_ipc(handle, chunk.len),
+                Shared::Fd(fd) => device.map_shared(PeerHandle::Fd(fd), chunk.len),
+                Shared::Fabric(handle) => device.map_shared(PeerHandle::Fabric(handle), chunk.len),
             });
             match mapped {
                 Ok(memory) => fresh.push(Arc::new(DeviceMapped {
@@ -162,6 +172,7 @@ impl Link {
                 memory,
                 offset,
                 slice.opcode() == Opcode::Write,
+                slice.device_order(),
             );
             drop(live);
             if let Err(e) = copied {

@@ -59,6 +59,12 @@ impl Link {
         let answer = match outcome {
             Opened::Rejected(reason) => Reply::Rejected(reason),
             Opened::Declined { addr, len, reason } => {
+                // Once per buffer (its later slices find it declined): the peer's words say
+                // what its driver refused, a handle type, say.
+                tracing::warn!(
+                    "shm peer {}: {DEVICE_PEER_DECLINED} [{addr:#x}, +{len}): {reason}",
+                    self.peer
+                );
                 self.declined.lock().push((addr, len, DEVICE_PEER_DECLINED));
                 Reply::Declined(reason)
             }

@@ -7,7 +7,7 @@ use tern_cuda::ChunkReach;
 use tern_memreg::RegionPin;
 
 use crate::declines::DEVICE_UNSHARED;
-use crate::wire::{DeviceChunk, MAX_DEVICE_CHUNKS, Opened};
+use crate::wire::{ChunkHandle, DeviceChunk, MAX_DEVICE_CHUNKS, Opened};
 
 /// The answer that hands a peer the device memory holding `[addr, addr + len)`, with the
 /// descriptors to send along; why not, when the driver cannot share it (the peer then
@@ -29,11 +29,12 @@ pub(super) fn share_device(
         .map(|chunk| DeviceChunk {
             base: chunk.base,
             len: chunk.len,
-            ipc: match chunk.reach {
-                ChunkReach::Ipc(handle) => Some(handle),
+            handle: match chunk.reach {
+                ChunkReach::Ipc(handle) => ChunkHandle::Ipc(handle),
+                ChunkReach::Fabric(handle) => ChunkHandle::Fabric(handle),
                 ChunkReach::Fd(fd) => {
                     fds.push(fd);
-                    None
+                    ChunkHandle::Descriptor
                 }
             },
         })

@@ -1,7 +1,7 @@
 //! Bytes to frames: [`decode()`] reads one frame's body and never panics, whatever the bytes.
 
 use super::error::WireError;
-use super::frame::{self, DeviceChunk, Frame, Opened};
+use super::frame::{self, ChunkHandle, DeviceChunk, Frame, Opened};
 use super::{MAX_BODY, MAX_DEVICE_CHUNKS, MAX_LEASE_RANGES};
 
 /// Reads fields off a body, failing (never panicking) when it runs short.
@@ -128,12 +128,13 @@ pub fn decode(kind: u8, body: &[u8]) -> Result<Frame, WireError> {
                     let mut chunks = Vec::with_capacity(count);
                     for _ in 0..count {
                         let (base, len) = (b.u64()?, b.u64()?);
-                        let ipc = match b.u8()? {
-                            0 => None,
-                            1 => Some(b.array()?),
+                        let handle = match b.u8()? {
+                            0 => ChunkHandle::Descriptor,
+                            1 => ChunkHandle::Ipc(b.array()?),
+                            2 => ChunkHandle::Fabric(b.array()?),
                             other => return Err(b.bad(format!("device chunk kind {other}"))),
                         };
-                        chunks.push(DeviceChunk { base, len, ipc });
+                        chunks.push(DeviceChunk { base, len, handle });
                     }
                     Opened::Device {
                         addr,

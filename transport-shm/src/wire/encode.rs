@@ -1,6 +1,6 @@
 //! Frames to bytes.
 
-use super::frame::{Frame, Opened};
+use super::frame::{ChunkHandle, Frame, Opened};
 use super::text::put_text;
 use super::{HEADER_LEN, MAX_DEVICE_CHUNKS, MAX_LEASE_RANGES};
 
@@ -71,12 +71,16 @@ impl Frame {
                         out.push(chunks.len() as u8);
                         for chunk in chunks {
                             u64s(&mut out, &[chunk.base, chunk.len]);
-                            match &chunk.ipc {
-                                Some(handle) => {
+                            match &chunk.handle {
+                                ChunkHandle::Descriptor => out.push(0),
+                                ChunkHandle::Ipc(handle) => {
                                     out.push(1);
                                     out.extend_from_slice(handle);
                                 }
-                                None => out.push(0),
+                                ChunkHandle::Fabric(handle) => {
+                                    out.push(2);
+                                    out.extend_from_slice(handle);
+                                }
                             }
                         }
                     }

@@ -1,6 +1,6 @@
 //! The frames themselves: what each says, and the kind byte that names it on the wire.
 
-use super::{IPC_HANDLE_LEN, NONCE_LEN};
+use super::{FABRIC_HANDLE_LEN, IPC_HANDLE_LEN, NONCE_LEN};
 
 /// One piece of a device buffer as the owner hands it out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,9 +9,20 @@ pub struct DeviceChunk {
     pub base: u64,
     /// Its length.
     pub len: u64,
-    /// A CUDA IPC handle of the whole allocation (`cuMemAlloc` memory), or `None`: the
-    /// chunk's physical memory comes as the next descriptor (VMM memory).
-    pub ipc: Option<[u8; IPC_HANDLE_LEN]>,
+    /// How the peer reaches it.
+    pub handle: ChunkHandle,
+}
+
+/// How a peer reaches a [`DeviceChunk`] (kind byte 0, 1 or 2 on the wire).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChunkHandle {
+    /// Its physical memory comes as the next descriptor of the answer (VMM memory).
+    Descriptor,
+    /// A CUDA IPC handle of the whole allocation (`cuMemAlloc` memory).
+    Ipc([u8; IPC_HANDLE_LEN]),
+    /// A fabric handle of its physical memory (VMM memory whose chunks allow no
+    /// descriptor), imported without one.
+    Fabric([u8; FABRIC_HANDLE_LEN]),
 }
 
 /// What one Open found.
@@ -66,7 +77,10 @@ impl Opened {
     pub fn descriptors(&self) -> usize {
         match self {
             Self::Memfd { .. } => 1,
-            Self::Device { chunks, .. } => chunks.iter().filter(|c| c.ipc.is_none()).count(),
+            Self::Device { chunks, .. } => chunks
+                .iter()
+                .filter(|c| c.handle == ChunkHandle::Descriptor)
+                .count(),
             _ => 0,
         }
     }
@@ -259,12 +273,17 @@ pub(super) fn samples() -> Vec<Frame> {
                     DeviceChunk {
                         base: 4,
                         len: 2 << 20,
-                        ipc: Some([9; IPC_HANDLE_LEN]),
+                        handle: ChunkHandle::Ipc([9; IPC_HANDLE_LEN]),
                     },
                     DeviceChunk {
                         base: 4 + (2 << 20),
                         len: 2 << 20,
-                        ipc: None,
+                        handle: ChunkHandle::Descriptor,
+                    },
+                    DeviceChunk {
+                        base: 4 + (4 << 20),
+                        len: 2 << 20,
+                        handle: ChunkHandle::Fabric([7; FABRIC_HANDLE_LEN]),
                     },
                 ],
             },

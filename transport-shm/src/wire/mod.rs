@@ -38,7 +38,7 @@ mod text;
 
 pub use decode::decode;
 pub use error::WireError;
-pub use frame::{DeviceChunk, Frame, Opened};
+pub use frame::{ChunkHandle, DeviceChunk, Frame, Opened};
 pub use stream::{FrameReader, send};
 
 /// First bytes of a Hello: a node that reads anything else closes.
@@ -58,3 +58,5 @@ pub const NONCE_LEN: usize = 16;
 pub const MAX_DEVICE_CHUNKS: usize = 32;
 /// Bytes of a CUDA IPC handle.
 pub const IPC_HANDLE_LEN: usize = 64;
+/// Bytes of a CUDA fabric handle (`CUmemFabricHandle`).
+pub const FABRIC_HANDLE_LEN: usize = 64;

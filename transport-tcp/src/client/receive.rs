@@ -154,7 +154,13 @@ impl Window {
                 });
                 let received = self
                     .stage
-                    .inbound(front.slice.local(), local_addr, len, got)
+                    .inbound(
+                        front.slice.local(),
+                        local_addr,
+                        len,
+                        got,
+                        front.slice.device_order(),
+                    )
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
                     .and_then(|body| match next_status {
                         // Only where the slice is the whole rest of the body: the bytes

@@ -125,7 +125,7 @@ impl Window {
                 let Some(slice) = slice else {
                     continue;
                 };
-                self.stage.begin_outbound();
+                self.stage.begin_outbound(slice.device_order());
                 self.sending = Some(Sending {
                     header: request_header(shared, &slice),
                     slice,
@@ -224,7 +224,7 @@ impl Window {
                 self.awaiting
                     .push_back(Awaiting::new(slice, header.status_len));
             } else {
-                self.stage.begin_outbound();
+                self.stage.begin_outbound(slice.device_order());
                 self.sending = Some(Sending {
                     slice,
                     header,
