@@ -3,7 +3,7 @@
 //! - `cargo xtask deps` finds missing system packages and installs them (apt-get, as root) or
 //!   prints the command;
 //! - `cargo xtask test` installs what the tests need, then runs formatting, lints, docs and
-//!   every test of the workspace;
+//!   every test of the workspace; `--quick` stops after the unit, model and tidy tests;
 //! - `cargo xtask bench` runs the headline benchmarks against baselines it measures in the
 //!   same run and prints the ratios; `--full` adds the rest (the RDMA guest, criterion);
 //! - `cargo xtask wheel [--tcp-only]` builds the `tern` Python wheel;
@@ -21,6 +21,7 @@ mod needs;
 mod shm;
 mod soak;
 mod softroce;
+mod tidy;
 mod wheel;
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -166,7 +167,7 @@ fn main() -> ExitCode {
         Some("gpu") => gpu::command(&args[1..]),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n  bench   the headline tables in minutes: TCP and same-host beside their baselines, KV-shaped pages, Python\n          [--full (everything: the RDMA guest, etcd, criterion...)] [--duration SECS] [--quick]\n          [--tcp-only] [--shm-only] [--pages-only] [--python-only] [--rdma-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked\n  soak --minutes N [--processes K] [--rdma] [--release]  random verified transfers, K processes; fails on errors or growth\n  memcheck  the TCP transfer tests under valgrind memcheck\n  wheel [--tcp-only]  build the tern Python wheel into target/wheels/ (maturin in a venv under target/)\n  gpu     build the GPU bundle target/gpu-bundle/ (tests, wheels, run.sh) for a machine with an NVIDIA GPU
+                "usage: cargo xtask <command>\n\n  deps    install missing system packages (apt-get, as root)\n  test    install what tests need, then fmt, clippy, doc and every test\n          [--quick (fmt, clippy, doc, unit tests, the loom model and the tidy tests: minutes, no guest)]\n  bench   the headline tables in minutes: TCP and same-host beside their baselines, KV-shaped pages, Python\n          [--full (everything: the RDMA guest, etcd, criterion...)] [--duration SECS] [--quick]\n          [--tcp-only] [--shm-only] [--pages-only] [--python-only] [--rdma-only]\n  etcd    start an etcd on 127.0.0.1 (default port 2379) until Ctrl-C [--port N]\n  softroce [-- CMD]          run CMD (default: the RDMA test suites) in a Soft-RoCE guest\n  softroce --test CARGO-ARGS build test binaries on the host, run them all in one guest boot\n  softroce --two-nodes CMD_A CMD_B  two guests with two NICs each (rxe0, rxe1), linked\n  soak --minutes N [--processes K] [--rdma] [--release]  random verified transfers, K processes; fails on errors or growth\n  memcheck  the TCP transfer tests under valgrind memcheck\n  wheel [--tcp-only]  build the tern Python wheel into target/wheels/ (maturin in a venv under target/)\n  gpu     build the GPU bundle target/gpu-bundle/ (tests, wheels, run.sh) for a machine with an NVIDIA GPU
           [--self-test (run its run.sh here against the stand-in driver, as cargo xtask test does)]\n  fuzz [--seconds N] [--target NAME] [--stable]  every fuzz target for N s (default 60); fails on a crash"
             );
             return ExitCode::from(2);
@@ -279,8 +280,13 @@ fn deps(groups: &[Group]) -> Result<(), String> {
     run(install, &format!("apt-get install {}", names.join(" ")))
 }
 
-fn test(extra: &[String]) -> Result<(), String> {
+fn test(args: &[String]) -> Result<(), String> {
     let started = Instant::now();
+    // `--quick`: what a change needs before it is tried in full (formatting, lints, docs, the
+    // unit tests, the loom model and the tidy tests), with no server, guest, fuzzer or
+    // valgrind.
+    let quick = args.iter().any(|a| a == "--quick");
+    let extra: Vec<&String> = args.iter().filter(|a| *a != "--quick").collect();
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--check"]);
     run(fmt, "cargo fmt --check")?;
@@ -317,12 +323,26 @@ fn test(extra: &[String]) -> Result<(), String> {
         "batch::model",
     ]);
     run(model, "the batch bookkeeping's loom model")?;
+    if quick {
+        let mut unit = cargo();
+        unit.args(["test", "--workspace", "--lib", "--bins"])
+            .args(&extra);
+        run(
+            unit,
+            "cargo test --workspace --lib --bins (the unit and tidy tests)",
+        )?;
+        eprintln!(
+            "xtask: the quick checks passed in {:.0} s (`cargo xtask test` runs everything)",
+            started.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     let etcd = start_etcd(None)?;
     eprintln!("xtask: etcd for the tests at {}", etcd.endpoint);
     let mut tests = cargo();
     tests
         .args(["test", "--workspace"])
-        .args(extra)
+        .args(&extra)
         .env("TERN_TEST_ETCD", &etcd.endpoint);
     let outcome = run(tests, "cargo test --workspace");
     // Both tern wheels, each in a fresh venv, against the same etcd.
