@@ -8,6 +8,7 @@ use crate::driver::{
     CuDevicePtr, CuEvent, CuStream, EVENT_DISABLE_TIMING, MEMHOSTALLOC_PORTABLE,
     STREAM_NON_BLOCKING,
 };
+use crate::error::CudaError;
 
 /// A stream of Tern's for synchronous copies, and the event that orders it after the device's
 /// prior work.
@@ -16,7 +17,6 @@ pub(crate) struct Copier {
     pub(crate) stream: Stream,
     pub(crate) fence: Event,
 }
-use crate::error::CudaError;
 
 /// What a copy of device memory must come after.
 ///

@@ -211,7 +211,8 @@ impl Buffers {
 pub struct Stage {
     outbound: Option<Buffers>,
     inbound: Option<Buffers>,
-    /// What the outbound slice begun last must come after, for buffers made after it began.
+    /// What the outbound slice begun last must come after, until its first staged bytes
+    /// hand it to the outbound buffers (which may be made only then).
     outbound_order: Option<DeviceOrder>,
 }
 
@@ -231,7 +232,6 @@ impl Stage {
         self.outbound_order = Some(order);
         if let Some(buffers) = self.outbound.as_mut() {
             buffers.holds = [None, None];
-            buffers.order = Some(order);
         }
     }
 
@@ -250,13 +250,9 @@ impl Stage {
             return pin.slice(addr + from, len.saturating_sub(from));
         };
         let staged = (|| {
-            let fresh = self
-                .outbound
-                .as_ref()
-                .is_none_or(|b| !std::ptr::eq(b.device, range.device));
             let buffers = Buffers::for_device(&mut self.outbound, range.device)?;
-            if fresh {
-                buffers.order = self.outbound_order;
+            if let Some(order) = self.outbound_order.take() {
+                buffers.order = Some(order);
             }
             let index = from / STAGE_CHUNK;
             let b = index % 2;

@@ -45,28 +45,7 @@ pub fn command(args: &[String]) -> Result<(), String> {
         std::fs::copy(&executable, &to).map_err(|e| format!("copying {executable}: {e}"))?;
         strip(&to);
     }
-    for (variant, dir) in [
-        (Variant::Default, "wheels/tern-default"),
-        (Variant::TcpOnly, "wheels/tern-tcp-only"),
-    ] {
-        let wheel = wheel::build(variant)?;
-        let name = wheel.file_name().ok_or("a wheel without a name")?;
-        std::fs::copy(&wheel, bundle.join(dir).join(name))
-            .map_err(|e| format!("copying {}: {e}", wheel.display()))?;
-    }
-    download_pytest(&bundle.join("wheels"))?;
-    // The tests of CUDA tensors need no fixture of the suite's conftest (nor its numpy).
-    std::fs::copy(
-        root().join("python/tests/test_torch_cuda.py"),
-        bundle.join("python/tests/test_torch_cuda.py"),
-    )
-    .map_err(|e| format!("copying test_torch_cuda.py: {e}"))?;
-    std::fs::copy(
-        root().join("python/bench/bench_gpu.py"),
-        bundle.join("python/bench_gpu.py"),
-    )
-    .map_err(|e| format!("copying bench_gpu.py: {e}"))?;
-    write_scripts(&bundle)?;
+    fill_bundle(&bundle, wheel::build)?;
     let size = size_of(&bundle);
     if size > MAX_BUNDLE_BYTES {
         return Err(format!(
@@ -129,6 +108,36 @@ fn gpu_test_executables(messages: &str) -> Vec<(String, String)> {
         }
     }
     found
+}
+
+/// Everything of a bundle but its test binaries: both wheels (`wheel_of` gives each),
+/// pytest's wheels, the Python tests and bench of CUDA tensors, and the scripts.
+fn fill_bundle(
+    bundle: &Path,
+    wheel_of: impl Fn(Variant) -> Result<std::path::PathBuf, String>,
+) -> Result<(), String> {
+    for (variant, dir) in [
+        (Variant::Default, "wheels/tern-default"),
+        (Variant::TcpOnly, "wheels/tern-tcp-only"),
+    ] {
+        let wheel = wheel_of(variant)?;
+        let name = wheel.file_name().ok_or("a wheel without a name")?;
+        std::fs::copy(&wheel, bundle.join(dir).join(name))
+            .map_err(|e| format!("copying {}: {e}", wheel.display()))?;
+    }
+    download_pytest(&bundle.join("wheels"))?;
+    // The tests of CUDA tensors need no fixture of the suite's conftest (nor its numpy).
+    for (from, to) in [
+        (
+            "python/tests/test_torch_cuda.py",
+            "python/tests/test_torch_cuda.py",
+        ),
+        ("python/bench/bench_gpu.py", "python/bench_gpu.py"),
+    ] {
+        std::fs::copy(root().join(from), bundle.join(to))
+            .map_err(|e| format!("copying {from}: {e}"))?;
+    }
+    write_scripts(bundle)
 }
 
 /// `run.sh` and the scripts it runs, executable, in `bundle`.
@@ -253,31 +262,17 @@ pub(crate) fn self_test() -> Result<(), String> {
         std::os::unix::fs::symlink(binary, bundle.join("bin").join(format!("{i}-{name}")))
             .map_err(|e| format!("linking {binary}: {e}"))?;
     }
-    for (variant, dir) in [
-        (Variant::Default, "wheels/tern-default"),
-        (Variant::TcpOnly, "wheels/tern-tcp-only"),
-    ] {
-        let built = std::fs::read_dir(variant.out_dir())
+    // The wheels the wheels' suites built just before.
+    fill_bundle(&bundle, |variant| {
+        std::fs::read_dir(variant.out_dir())
             .map_err(|e| format!("{}: {e}", variant.out_dir().display()))?
             .flatten()
             .map(|e| e.path())
             .find(|p| p.extension().is_some_and(|e| e == "whl"))
-            .ok_or("gpu bundle self-test: build the wheels first (cargo xtask wheel)")?;
-        let name = built.file_name().ok_or("a wheel without a name")?;
-        std::fs::copy(&built, bundle.join(dir).join(name))
-            .map_err(|e| format!("copying {}: {e}", built.display()))?;
-    }
-    download_pytest(&bundle.join("wheels"))?;
-    for (from, to) in [
-        (
-            "python/tests/test_torch_cuda.py",
-            "python/tests/test_torch_cuda.py",
-        ),
-        ("python/bench/bench_gpu.py", "python/bench_gpu.py"),
-    ] {
-        std::fs::copy(root().join(from), bundle.join(to)).map_err(|e| format!("{from}: {e}"))?;
-    }
-    write_scripts(&bundle)?;
+            .ok_or_else(|| {
+                "gpu bundle self-test: build the wheels first (cargo xtask wheel)".into()
+            })
+    })?;
     let python = wheel::venv(
         &root().join("target/python/venv-gpu-selftest"),
         &[wheel::NUMPY],

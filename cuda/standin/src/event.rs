@@ -15,6 +15,15 @@ pub(crate) struct EventState {
     pub(crate) completed: AtomicU64,
 }
 
+impl EventState {
+    /// Waits until record `generation` of the event has completed.
+    pub(crate) fn wait_for(&self, generation: u64) {
+        while self.completed.load(Ordering::Acquire) < generation {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuEventCreate(event: *mut *mut c_void, _flags: c_uint) -> c_int {
     if current_device().is_none() {
@@ -58,10 +67,7 @@ pub unsafe extern "C" fn cuEventSynchronize(event: *mut c_void) -> c_int {
     let Some(state) = event_of(event) else {
         return ERROR_INVALID_VALUE;
     };
-    let wanted = state.recorded.load(Ordering::Acquire);
-    while state.completed.load(Ordering::Acquire) < wanted {
-        std::thread::sleep(std::time::Duration::from_micros(20));
-    }
+    state.wait_for(state.recorded.load(Ordering::Acquire));
     SUCCESS
 }
 

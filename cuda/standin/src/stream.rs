@@ -103,11 +103,18 @@ fn is_null(queue: &Arc<StreamQueue>) -> bool {
         .is_some_and(|null| Arc::ptr_eq(null, queue))
 }
 
-/// Records a fresh event on `queue` after what it holds; the event and its generation.
-fn record_here(queue: &StreamQueue) -> (Arc<EventState>, u64) {
+/// A fresh event recorded once, and the operation that completes that record.
+fn fresh_record() -> (Arc<EventState>, u64, Op) {
     let event = Arc::new(EventState::default());
     let generation = event.recorded.fetch_add(1, Ordering::AcqRel) + 1;
-    queue.push(Op::Record(event.clone(), generation));
+    let record = Op::Record(event.clone(), generation);
+    (event, generation, record)
+}
+
+/// Records a fresh event on `queue` after what it holds; the event and its generation.
+fn record_here(queue: &StreamQueue) -> (Arc<EventState>, u64) {
+    let (event, generation, record) = fresh_record();
+    queue.push(record);
     (event, generation)
 }
 
@@ -136,16 +143,30 @@ pub(crate) fn push_ordered(queue: &Arc<StreamQueue>, op: Op) {
 /// Enqueues `op` on the legacy stream (ordered as [`push_ordered`] says) and, with `wait`,
 /// returns once it has run: a synchronous call's operation.
 pub(crate) fn on_legacy_stream(op: Op, wait: bool) -> c_int {
+    push_ordered(&null_queue(), op);
+    if wait {
+        synchronize_legacy_stream()
+    } else {
+        SUCCESS
+    }
+}
+
+/// Waits until the work on the legacy stream so far (and so on the blocking streams before
+/// it) has run; the first failure since.
+fn synchronize_legacy_stream() -> c_int {
     let queue = null_queue();
-    push_ordered(&queue, op);
-    if !wait {
-        return SUCCESS;
-    }
-    let (event, generation) = record_here(&queue);
-    while event.completed.load(Ordering::Acquire) < generation {
-        std::thread::sleep(std::time::Duration::from_micros(20));
-    }
+    let (event, generation, record) = fresh_record();
+    push_ordered(&queue, record);
+    event.wait_for(generation);
     queue.state.lock().failed.take().unwrap_or(SUCCESS)
+}
+
+/// Runs `copy` with device `ordinal`'s context current, as a stream's thread runs its copies.
+fn in_context(ordinal: usize, copy: impl FnOnce() -> c_int) -> c_int {
+    CONTEXTS.with(|c| c.borrow_mut().push(ordinal));
+    let code = copy();
+    CONTEXTS.with(|c| c.borrow_mut().pop());
+    code
 }
 
 impl StreamQueue {
@@ -188,12 +209,9 @@ impl StreamQueue {
                     src_device,
                     len,
                     ordinal,
-                } => {
-                    CONTEXTS.with(|c| c.borrow_mut().push(ordinal));
-                    let code = copy_between(dst, dst_device, src, src_device, len);
-                    CONTEXTS.with(|c| c.borrow_mut().pop());
-                    code
-                }
+                } => in_context(ordinal, || {
+                    copy_between(dst, dst_device, src, src_device, len)
+                }),
                 Op::WaitValue { addr, value } => {
                     // SAFETY: the caller's contract for cuStreamWaitValue32: `addr` is
                     // mapped host memory (here: cuMemHostAlloc memory) holding a u32 that
@@ -209,9 +227,7 @@ impl StreamQueue {
                     SUCCESS
                 }
                 Op::WaitEvent { event, generation } => {
-                    while event.completed.load(Ordering::Acquire) < generation {
-                        std::thread::sleep(std::time::Duration::from_micros(20));
-                    }
+                    event.wait_for(generation);
                     SUCCESS
                 }
                 Op::CopyOwned {
@@ -221,16 +237,10 @@ impl StreamQueue {
                     after,
                 } => {
                     std::thread::sleep(after);
-                    CONTEXTS.with(|c| c.borrow_mut().push(ordinal));
-                    let code = copy_between(
-                        dst,
-                        Some(true),
-                        bytes.as_ptr() as u64,
-                        Some(false),
-                        bytes.len(),
-                    );
-                    CONTEXTS.with(|c| c.borrow_mut().pop());
-                    code
+                    let src = bytes.as_ptr() as u64;
+                    in_context(ordinal, || {
+                        copy_between(dst, Some(true), src, Some(false), bytes.len())
+                    })
                 }
             };
             let mut state = self.state.lock();
@@ -340,7 +350,7 @@ pub unsafe extern "C" fn cuStreamSynchronize(stream: *mut c_void) -> c_int {
     }
     match queue_of(stream) {
         // The legacy stream's synchronize waits for the blocking streams' work before it too.
-        Some(queue) if is_null(&queue) => on_legacy_stream(Op::Record(Arc::default(), 0), true),
+        Some(queue) if is_null(&queue) => synchronize_legacy_stream(),
         Some(queue) => queue.drain(),
         None => ERROR_INVALID_VALUE,
     }

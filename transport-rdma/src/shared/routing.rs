@@ -305,32 +305,28 @@ impl Shared {
             job.let_go();
             return None;
         }
-        if job.fence {
-            // Same path: a fresh endpoint there, whose handshake makes the peer replace the
-            // QPs an earlier attempt may still land through; never another transport.
-            if job.attempt > self.config.retry_count {
-                let why = format!(
-                    "gave up after {} attempt(s); last: {}",
-                    job.attempt,
-                    reason.as_deref().unwrap_or("endpoint lost")
-                );
-                job.fail_unfenced(&why);
-                return None;
-            }
-            self.retries.fetch_add(1, Ordering::Relaxed);
-            return Some(job);
-        }
         if job.attempt > self.config.retry_count {
             let message = format!(
                 "gave up after {} attempt(s); last: {}",
                 job.attempt,
-                reason.unwrap_or_else(|| "endpoint lost".into())
+                reason.as_deref().unwrap_or("endpoint lost")
             );
-            job.slice.decline_with(TransferError::Connection {
-                peer: job.key.to_string(),
-                message,
-            });
+            if job.fence {
+                // Never to another transport: an earlier attempt may still land.
+                job.fail_unfenced(&message);
+            } else {
+                job.slice.decline_with(TransferError::Connection {
+                    peer: job.key.to_string(),
+                    message,
+                });
+            }
             return None;
+        }
+        if job.fence {
+            // Same path: a fresh endpoint there, whose handshake makes the peer replace the
+            // QPs an earlier attempt may still land through.
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            return Some(job);
         }
         let stripe = self.stripe.fetch_add(1, Ordering::Relaxed);
         let avoid = reason.is_some().then_some((job.nic, &*job.key));
